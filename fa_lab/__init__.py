@@ -1,0 +1,18 @@
+"""fa_lab — the kernels and tooling behind the FlashAttention Lab book.
+
+Import order matters: ``world`` sets the simulator/interpreter variables before
+anything imports numba or triton.
+"""
+from .world import DEVICE, ON_GPU, WORLD, banner, describe, pick  # noqa: I001  (must come first)
+from .api import attention
+from .flops import attention_flops
+from .masks import visible
+from .registry import get as get_implementation, implementations, register
+from .spec import AttentionSpec, make_spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEVICE", "ON_GPU", "WORLD", "banner", "describe", "pick", "attention", "attention_flops",
+    "visible", "get_implementation", "implementations", "register", "AttentionSpec", "make_spec",
+]

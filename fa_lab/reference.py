@@ -1,0 +1,38 @@
+"""The judge: attention in float64, written for clarity, not speed.
+
+Every implementation in the book is compared against this function on fresh random
+inputs.  It is also differentiable (autograd through float64 ops), which is how the
+backward passes of chapter 5 are checked.  Rows that see no key give zeros and
+``lse = -inf``, and their gradients are zero, never NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from .masks import visible
+from .spec import AttentionSpec
+
+
+def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    """Repeat each K/V head for the ``group`` query heads that share it (a copy: fine for a reference)."""
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def reference_attention(q, k, v, spec: AttentionSpec):
+    """Return ``(o, lse)`` in float64: o ``(B, H, Nq, D)``, lse ``(B, H, Nq)``."""
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    k, v = expand_kv(k, spec.group), expand_kv(v, spec.group)
+    s = torch.matmul(q, k.transpose(-1, -2)) * spec.scale
+    ok = visible(spec.n_q, spec.n_k, spec.left, spec.right, device=s.device)
+    s = s.masked_fill(~ok, float("-inf"))
+    # Subtract the row max (detached: it cancels out mathematically) for a safe exp;
+    # rows with no visible key have max -inf, replaced by 0 so that exp(-inf) = 0, not NaN.
+    m = s.detach().amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(dim=-1, keepdim=True)
+    empty = l == 0
+    l_safe = torch.where(empty, torch.ones_like(l), l)
+    o = torch.matmul(e / l_safe, v)
+    lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l_safe)).squeeze(-1)
+    return o, lse

@@ -1,0 +1,127 @@
+"""One registry of implementations, used by the book, the benchmarks, the grader and the tests.
+
+A kernel appears everywhere by being registered once, with what it supports.  The
+registry (not each kernel) turns an unsupported request into a clear ``ValueError``.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .spec import AttentionSpec
+
+#: Modules that register implementations when imported, in the book's order.
+IMPLEMENTATION_MODULES = [
+    "fa_lab.reference_impl",
+    "fa_lab.naive",
+    "fa_lab.online",
+    "fa_lab.numba_naive",
+]
+
+ALL_MASKS = ("none", "causal", "window")
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16",
+                torch.float32: "float32", torch.float64: "float64"}
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A registered attention implementation and what it can do."""
+
+    name: str
+    fn: Callable  # fn(q, k, v, spec: AttentionSpec) -> (o, lse); inputs already validated
+    chapter: int
+    description: str
+    dtypes: tuple = (torch.float32,)
+    masks: tuple = ALL_MASKS
+    head_dims: tuple = (1, 1024)          # inclusive range of D
+    worlds: tuple = ("cpu", "gpu")        # where it runs: "gpu" real CUDA, "cpu" simulator/host
+    gqa: bool = True
+    backward: bool = False
+    host_only: bool = False               # runs on the host (NumPy / Numba @njit): any tensor device, copied
+    extra_memory: Callable | None = None  # spec -> bytes of workspace beyond inputs and outputs (model)
+    notes: str = ""
+    tags: tuple = field(default_factory=tuple)
+
+    @property
+    def dtype_names(self) -> list[str]:
+        return [_DTYPE_NAMES[d] for d in self.dtypes]
+
+    def unsupported(self, spec: AttentionSpec, world: str) -> str | None:
+        """Why this implementation cannot run ``spec`` in ``world`` (None if it can)."""
+        if world not in self.worlds:
+            return f"implementation {self.name!r} runs only on {'/'.join(self.worlds)}, this is the {world} world"
+        if spec.dtype not in self.dtypes:
+            return f"implementation {self.name!r} supports dtypes {self.dtype_names}, got {spec.dtype}"
+        if spec.mask not in self.masks:
+            return f"implementation {self.name!r} supports masks {list(self.masks)}, got {spec.mask!r}"
+        lo, hi = self.head_dims
+        if not lo <= spec.head_dim <= hi:
+            return f"implementation {self.name!r} supports head dims {lo}..{hi}, got {spec.head_dim}"
+        if spec.group > 1 and not self.gqa:
+            return f"implementation {self.name!r} does not support grouped-query attention (H={spec.heads}, Hkv={spec.kv_heads})"
+        if not self.host_only:
+            want = "cuda" if world == "gpu" else "cpu"
+            if spec.device.type != want:
+                return (f"implementation {self.name!r} in the {world} world expects {want} tensors, "
+                        f"got {spec.device.type} (use fa_lab.DEVICE)")
+        return None
+
+
+_REGISTRY: dict[str, Implementation] = {}
+_loaded = False
+
+
+def register(name: str, **info):
+    """Decorator: ``@register("naive_torch", chapter=1, description=..., dtypes=...)``."""
+
+    def wrap(fn):
+        if name in _REGISTRY:
+            raise ValueError(f"implementation {name!r} is registered twice")
+        _REGISTRY[name] = Implementation(name=name, fn=fn, **info)
+        return fn
+
+    return wrap
+
+
+def _load_all() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for mod in IMPLEMENTATION_MODULES:
+            importlib.import_module(mod)
+
+
+def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
+    """Registered implementations by name, in the book's order.
+
+    Iterating gives the names; each value says chapter, description, dtypes, masks,
+    head dims, worlds and whether it has a backward.  ``runnable=True`` keeps only
+    those that run in the current world.
+    """
+    from .world import WORLD
+
+    _load_all()
+    return {n: i for n, i in _REGISTRY.items() if not runnable or WORLD in i.worlds}
+
+
+def get(name: str) -> Implementation:
+    _load_all()
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"unknown impl {name!r}; known implementations: {', '.join(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def table():
+    """The registry as a pandas DataFrame (one row per implementation)."""
+    import pandas as pd
+
+    rows = []
+    for impl in implementations().values():
+        rows.append(dict(name=impl.name, chapter=impl.chapter, description=impl.description,
+                         dtypes=", ".join(impl.dtype_names), masks=", ".join(impl.masks),
+                         head_dims=f"{impl.head_dims[0]}..{impl.head_dims[1]}",
+                         worlds=", ".join(impl.worlds), gqa=impl.gqa, backward=impl.backward))
+    return pd.DataFrame(rows).set_index("name")

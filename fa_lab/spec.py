@@ -1,0 +1,96 @@
+"""Input checking, once, for every implementation: one ``AttentionSpec`` describes the call.
+
+Bad input raises here with a message that says what was expected, so that no kernel
+ever sees a shape it would silently mis-index.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .masks import effective_window, mask_kind
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Everything a kernel needs to know about one attention call."""
+
+    batch: int
+    heads: int        # query heads H
+    kv_heads: int     # key/value heads Hkv; H % Hkv == 0 (grouped-query attention)
+    n_q: int
+    n_k: int
+    head_dim: int     # D of q and k
+    head_dim_v: int   # D of v (equal to head_dim everywhere in this book's kernels)
+    scale: float
+    causal: bool
+    window: tuple[int, int]   # as the user gave it
+    left: int                 # effective window, causal folded in; -1 = unbounded
+    right: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head."""
+        return self.heads // self.kv_heads
+
+    @property
+    def mask(self) -> str:
+        return mask_kind(self.causal, self.window)
+
+
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (batch, heads, seq, head_dim), got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must have 4 dims (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, float32 or float64), got {t.dtype}")
+
+
+def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> AttentionSpec:
+    """Validate ``q, k, v`` and the mask, and describe the problem."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, H, Nq, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same number of heads, got {k.shape[1]} and {v.shape[1]}")
+    Hkv = k.shape[1]
+    if Hkv == 0 or H % Hkv != 0:
+        raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({Hkv})")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v must have the same sequence length, got {k.shape[2]} and {v.shape[2]}")
+    if k.shape[3] != D:
+        raise ValueError(f"q and k must have the same head dim, got {D} and {k.shape[3]}")
+    if v.shape[3] != D:
+        raise ValueError(f"v must have the same head dim as q ({D}), got {v.shape[3]}")
+    Nk = k.shape[2]
+    if min(B, H, Nq, Nk, D) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    try:
+        left, right = (int(w) for w in window)
+    except (TypeError, ValueError):
+        raise TypeError(f"window must be a pair of ints (left, right), -1 for unbounded; got {window!r}") from None
+    if left < -1 or right < -1:
+        raise ValueError(f"window sizes must be >= 0, or -1 for unbounded; got {window!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale}")
+    eff_left, eff_right = effective_window(causal, (left, right))
+    return AttentionSpec(B, H, Hkv, Nq, Nk, D, v.shape[3], scale, causal, (left, right),
+                         eff_left, eff_right, q.dtype, q.device)

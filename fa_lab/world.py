@@ -1,0 +1,79 @@
+"""Which world are we in: a real CUDA GPU, or the CPU simulator/interpreter?
+
+The choice is made once, when ``fa_lab`` is first imported, because Numba reads
+``NUMBA_ENABLE_CUDASIM`` and Triton reads ``TRITON_INTERPRET`` when *they* are
+imported: setting the variables later has no effect.  So this module must run
+before anything imports numba or triton, and it must not import them itself.
+
+Force a world with ``FA_LAB_WORLD=gpu`` or ``FA_LAB_WORLD=cpu`` (default ``auto``:
+GPU if torch sees CUDA).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import torch
+
+_requested = os.environ.get("FA_LAB_WORLD", "auto").strip().lower()
+if _requested not in ("auto", "gpu", "cpu"):
+    raise ValueError(f"FA_LAB_WORLD must be 'auto', 'gpu' or 'cpu', got {_requested!r}")
+
+if _requested == "gpu" and not torch.cuda.is_available():
+    raise RuntimeError("FA_LAB_WORLD=gpu but torch sees no CUDA device")
+
+#: "gpu" (real kernels on a CUDA device) or "cpu" (Numba CUDA simulator + Triton interpreter)
+WORLD: str = "gpu" if (_requested == "gpu" or (_requested == "auto" and torch.cuda.is_available())) else "cpu"
+ON_GPU: bool = WORLD == "gpu"
+#: the torch device every notebook and test allocates on
+DEVICE: torch.device = torch.device("cuda" if ON_GPU else "cpu")
+
+if not ON_GPU:
+    _late = [m for m in ("numba", "triton") if m in sys.modules]
+    if _late:
+        warnings.warn(
+            f"{', '.join(_late)} was imported before fa_lab: the CPU simulator/interpreter may be off. "
+            "Import fa_lab first (or set NUMBA_ENABLE_CUDASIM=1 TRITON_INTERPRET=1 yourself).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    os.environ["TRITON_INTERPRET"] = "1"
+    # The Numba simulator warns about tiny grids on every launch; that is the point of it here.
+    os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
+
+def pick(cpu, gpu):
+    """The one size switch: ``N = pick(cpu=64, gpu=4096)``."""
+    return gpu if ON_GPU else cpu
+
+
+def describe() -> dict:
+    """Facts about this world, recorded next to every benchmark."""
+    info = {"world": WORLD, "torch": torch.__version__}
+    if ON_GPU:
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, sm_count=props.multi_processor_count,
+                    cuda=torch.version.cuda, capability=f"{props.major}.{props.minor}")
+    else:
+        info.update(device="cpu (Numba CUDA simulator, Triton interpreter)")
+    for mod in ("triton", "numba"):
+        try:
+            info[mod] = __import__(mod).__version__
+        except Exception:  # not installed: that is a fact worth recording, not an error
+            info[mod] = None
+    return info
+
+
+def banner() -> str:
+    """One line, printed by the first cell of every notebook."""
+    if ON_GPU:
+        name = torch.cuda.get_device_name(0)
+        line = (f"fa_lab world: GPU — {name}, torch {torch.__version__}. "
+                "Real kernels, full sizes, timings from CUDA events.")
+    else:
+        line = ("fa_lab world: CPU — Numba CUDA simulator + Triton interpreter. "
+                "Same kernels, tiny sizes; timings are wall clock of the simulation, not GPU speed.")
+    print(line)
+    return line
