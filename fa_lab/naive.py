@@ -44,7 +44,8 @@ def naive_torch(q, k, v, spec):
     if spec.group > 1:  # a copy of K and V per query head: the simple, memory-hungry way
         k = k.repeat_interleave(spec.group, dim=1)
         v = v.repeat_interleave(spec.group, dim=1)
-    S = torch.matmul(q, k.transpose(-1, -2)).float() * spec.scale
+    # scores in float32 (float64 stays float64): fp16 scores would overflow long before the softmax
+    S = torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * spec.scale
     ok = visible(spec.n_q, spec.n_k, spec.left, spec.right, device=q.device)
     S = S.masked_fill(~ok, float("-inf"))
     lse = torch.logsumexp(S, dim=-1)

@@ -1,0 +1,33 @@
+"""The ``fa-lab`` command.  Each subcommand lives in its own module, which provides
+``configure(parser)`` (add its arguments) and ``run(args) -> int``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand name → module providing configure(parser) and run(args)
+SUBCOMMANDS = {
+    "info": "fa_lab.cli_info",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fa-lab", description="FlashAttention Lab: kernels, benchmarks, grading")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, module in SUBCOMMANDS.items():
+        mod = importlib.import_module(module)
+        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        mod.configure(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Bad input raises a clear ValueError/TypeError naming what was expected."""
+import pytest
+import torch
+
+import fa_lab
+from fa_lab.testing import random_qkv
+
+
+def qkv(**kw):
+    return random_qkv(1, 4, 8, 8, 16, kv_heads=2, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("make,exc,words", [
+    (lambda q, k, v: (q[0], k, v), ValueError, "4 dims"),
+    (lambda q, k, v: (q, k[..., :8], v), ValueError, "same head dim"),
+    (lambda q, k, v: (q, k, v[..., :8]), ValueError, "head dim"),
+    (lambda q, k, v: (q, k, v[:, :, :5]), ValueError, "same sequence length"),
+    (lambda q, k, v: (q, k[:, :1].expand(1, 3, 8, 16), v[:, :1].expand(1, 3, 8, 16)), ValueError, "multiple of key/value heads"),
+    (lambda q, k, v: (q, k[:, :1], v), ValueError, "same number of heads"),
+    (lambda q, k, v: (q.long(), k.long(), v.long()), TypeError, "floating"),
+    (lambda q, k, v: (q, k.double(), v), TypeError, "one dtype"),
+    (lambda q, k, v: (q.numpy(), k, v), TypeError, "torch.Tensor"),
+    (lambda q, k, v: (q.to("meta"), k, v), ValueError, "one device"),
+    (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "empty"),
+])
+def test_bad_shapes_and_types(make, exc, words):
+    q, k, v = make(*qkv())
+    with pytest.raises(exc, match=words):
+        fa_lab.attention(q, k, v)
+
+
+def test_unknown_impl_lists_the_known_ones():
+    with pytest.raises(ValueError, match="known implementations: reference"):
+        fa_lab.attention(*qkv(), impl="flash9000")
+
+
+@pytest.mark.parametrize("window,exc", [((-2, 0), ValueError), ((1,), TypeError), ("ab", TypeError)])
+def test_bad_window(window, exc):
+    with pytest.raises(exc, match="window"):
+        fa_lab.attention(*qkv(), window=window)
+
+
+def test_unsupported_dtype_is_refused_not_ignored():
+    q, k, v = random_qkv(1, 1, 4, 4, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="supports dtypes"):
+        fa_lab.attention(q, k, v, impl="numba_naive")
+
+
+def test_masks_an_implementation_lacks_are_refused():
+    fake = fa_lab.registry.Implementation(name="nomask", fn=None, chapter=1, description="x", masks=("none",))
+    spec = fa_lab.make_spec(*qkv(), causal=True)
+    assert "supports masks" in fake.unsupported(spec, fa_lab.WORLD)
+
+
+def test_wrong_device_for_the_world_is_refused():
+    if fa_lab.ON_GPU:
+        q, k, v = random_qkv(1, 1, 4, 4, 16, device="cpu")
+        with pytest.raises(ValueError, match="expects cuda tensors"):
+            fa_lab.attention(q, k, v, impl="naive_torch")
+    else:
+        spec = fa_lab.make_spec(*qkv())
+        assert "expects cuda" in fa_lab.get_implementation("naive_torch").unsupported(spec, "gpu")
