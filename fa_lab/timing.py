@@ -36,13 +36,18 @@ def as_dtype(dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
 
 
-def time_fn(fn, *, warmup: int = 3, rep: int = 10) -> dict:
-    """Median, p10 and p90 of ``fn()`` in milliseconds, and how it was measured."""
+def time_fn(fn, *, warmup: int = 3, rep: int = 10, gpu_ms=None) -> dict:
+    """Median, p10 and p90 of ``fn()`` in milliseconds, and how it was measured.
+
+    ``warmup``/``rep`` count calls on the CPU; on a GPU ``gpu_ms=(warmup_ms, rep_ms)`` is the
+    time budget given to ``triton.testing.do_bench`` (default (25, 100)).
+    """
     if ON_GPU:
         import triton.testing
 
         # warmup/rep are milliseconds for do_bench; ask for enough to reach a stable median
-        p50, p10, p90 = triton.testing.do_bench(fn, warmup=25, rep=100, quantiles=[0.5, 0.1, 0.9])
+        warmup_ms, rep_ms = gpu_ms or (25, 100)
+        p50, p10, p90 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.1, 0.9])
         return dict(ms=p50, ms_p10=p10, ms_p90=p90, timer="cuda-events (do_bench)")
     for _ in range(warmup):
         fn()
@@ -74,18 +79,67 @@ def _peak_extra_bytes(fn, spec, impl) -> tuple[int | None, str]:
     return int(impl.extra_memory(spec)), "model (registry)"
 
 
-def benchmark(impl: str, *, batch=1, heads=4, seq_len=128, seq_len_k=None, head_dim=64, kv_heads=None,
-              dtype="fp32", causal=False, window=(-1, -1), mode="fwd", warmup=3, rep=10, seed=0) -> dict:
-    """Time one registered implementation on one configuration; never raises for OOM/unsupported.
+def _back_to_back_ms(fn, n: int = 50) -> float:
+    """Wall clock per call of ``n`` calls in a row: what an eager program sees when the host
+    (Python, argument checks, launches) and not the GPU is the bottleneck."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / n
 
+
+def _resolve(impl: str):
+    """A registered implementation, or a peer (PyTorch SDPA, flash-attn) from ``fa_lab.bench.peers``."""
+    try:
+        return registry.get(impl), True
+    except ValueError:
+        from .bench.peers import get_peer
+
+        peer = get_peer(impl) if isinstance(impl, str) else None
+        if peer is None:
+            raise
+        return peer, False
+
+
+def _check(call, q, k, v, spec, mode, do) -> dict:
+    """Max abs error of O (and of dQ, dK, dV for the backward modes) against the float64 reference."""
+    from .reference import reference_attention
+    from .testing import max_error
+
+    q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_(mode != "fwd") for t in (q, k, v))
+    ref_o, _ = reference_attention(q64, k64, v64, spec)
+    out = {}
+    if mode == "fwd":
+        with torch.no_grad():
+            out["max_abs_err"] = max_error(call(), ref_o)
+        return out
+    o = call()
+    out["max_abs_err"] = max_error(o, ref_o)
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref_grads = torch.autograd.grad(ref_o, (q64, k64, v64), do.to(torch.float64))
+    out["max_abs_err_grad"] = max(max_error(g, r) for g, r in zip(grads, ref_grads))
+    return out
+
+
+def benchmark(impl: str, *, batch=1, heads=4, seq_len=128, seq_len_k=None, head_dim=64, kv_heads=None,
+              dtype="fp32", causal=False, window=(-1, -1), mode="fwd", warmup=3, rep=10, seed=0,
+              gpu_ms=None, check_max=None) -> dict:
+    """Time one implementation on one configuration; never raises for OOM/unsupported.
+
+    ``impl`` is a registered name or a peer of ``fa_lab.bench.peers`` (``sdpa-flash``, ...).
     ``mode`` is 'fwd', 'bwd' or 'fwd+bwd' (the last two need an implementation with a backward).
+    ``check_max``: when B·H·Nq·Nk is at most this, also record ``max_abs_err`` against the float64
+    reference (None: off).  On a GPU, calls shorter than a millisecond also get ``ms_back_to_back``.
     """
     dtype = as_dtype(dtype)
     record = dict(impl=impl, world=WORLD, batch=batch, heads=heads, kv_heads=kv_heads or heads,
                   n_q=seq_len, n_k=seq_len_k or seq_len, head_dim=head_dim,
                   dtype=str(dtype).replace("torch.", ""), causal=causal, window=tuple(window), mode=mode)
     try:
-        implementation = registry.get(impl)
+        implementation, registered = _resolve(impl)
         grad = mode != "fwd"
         if grad and not implementation.backward:
             raise ValueError(f"implementation {impl!r} has no backward; mode {mode!r} needs one")
@@ -95,7 +149,11 @@ def benchmark(impl: str, *, batch=1, heads=4, seq_len=128, seq_len_k=None, head_
         why = implementation.unsupported(spec, WORLD)
         if why:
             raise ValueError(why)
-        call = lambda: attention(q, k, v, impl=impl, causal=causal, window=window)  # noqa: E731
+        if registered:
+            call = lambda: attention(q, k, v, impl=impl, causal=causal, window=window)  # noqa: E731
+        else:
+            call = lambda: implementation.fn(q, k, v, spec)[0]  # noqa: E731
+        do = None
         if mode == "fwd":
             fn = lambda: call()  # noqa: E731
         else:
@@ -105,9 +163,14 @@ def benchmark(impl: str, *, batch=1, heads=4, seq_len=128, seq_len_k=None, head_
                 fn = lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)  # noqa: E731
             else:
                 fn = lambda: torch.autograd.grad(call(), (q, k, v), do)  # noqa: E731
-        record.update(time_fn(fn, warmup=warmup, rep=rep))
-        record["tflops"] = spec_flops(spec, mode) / (record["ms"] * 1e-3) / 1e12
+        record.update(time_fn(fn, warmup=warmup, rep=rep, gpu_ms=gpu_ms))
+        record["flops"] = spec_flops(spec, mode)
+        record["tflops"] = record["flops"] / (record["ms"] * 1e-3) / 1e12
+        if ON_GPU and record["ms"] < 1.0:
+            record["ms_back_to_back"] = _back_to_back_ms(fn)
         record["peak_extra_bytes"], record["memory_source"] = _peak_extra_bytes(fn, spec, implementation)
+        if check_max is not None and batch * heads * spec.n_q * spec.n_k <= check_max:
+            record.update(_check(call, q, k, v, spec, mode, do))
         record["status"] = "ok"
     except torch.cuda.OutOfMemoryError:
         record["status"] = "oom"
@@ -148,3 +211,25 @@ def plot(records, x="n_q", y="ms", hue="impl", ax=None, logy=True, title=None):
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     return ax
+
+
+def sweep(impls, seq_lens, *, progress: bool = True, skip_after_oom: bool = True, **config) -> list[dict]:
+    """``benchmark`` every implementation at every sequence length (same other settings).
+
+    Once an implementation runs out of memory at some N, longer N are recorded as
+    'oom (skipped)' rather than tried again: the wall is the point, not the retries.
+    """
+    from tqdm.auto import tqdm
+
+    records = []
+    hit_wall: set[str] = set()
+    jobs = [(impl, n) for impl in impls for n in seq_lens]
+    for impl, n in tqdm(jobs, disable=not progress, desc="benchmark", leave=False):
+        if skip_after_oom and impl in hit_wall:
+            records.append(dict(impl=impl, n_q=n, n_k=n, world=WORLD, status="oom (skipped)"))
+            continue
+        rec = benchmark(impl, seq_len=n, **config)
+        if rec["status"] == "oom":
+            hit_wall.add(impl)
+        records.append(rec)
+    return records
