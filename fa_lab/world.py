@@ -44,6 +44,19 @@ if not ON_GPU:
     os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
 
+def _numpy_compat() -> None:
+    # numba-cuda 0.30 registers an overload for np.row_stack when it compiles a kernel, and
+    # NumPy 2.5 removed that alias of vstack: every launch failed with AttributeError on the
+    # GPU machine (numpy 2.5.2).  Restore the alias until numba-cuda guards it as numba does.
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
+_numpy_compat()
+
+
 def pick(cpu, gpu):
     """The one size switch: ``N = pick(cpu=64, gpu=4096)``."""
     return gpu if ON_GPU else cpu
