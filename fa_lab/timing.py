@@ -63,7 +63,7 @@ def time_fn(fn, *, warmup: int = 3, rep: int = 10, gpu_ms=None) -> dict:
 
 def _peak_extra_bytes(fn, spec, impl) -> tuple[int | None, str]:
     """Peak memory a call needs beyond its inputs and its returned outputs."""
-    if ON_GPU and spec.device.type == "cuda":
+    if ON_GPU and spec.device.type == "cuda" and not impl.host_only:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
@@ -76,6 +76,7 @@ def _peak_extra_bytes(fn, spec, impl) -> tuple[int | None, str]:
         return max(extra, 0), "measured (CUDA allocator peak)"
     if impl.extra_memory is None:
         return None, "unknown"
+    # host implementations (NumPy, Numba @njit) and the CPU world: the registry's model
     return int(impl.extra_memory(spec)), "model (registry)"
 
 

@@ -40,8 +40,10 @@ if not ON_GPU:
         )
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     os.environ["TRITON_INTERPRET"] = "1"
-    # The Numba simulator warns about tiny grids on every launch; that is the point of it here.
-    os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
+# Numba warns about small grids on every launch; the book launches small grids on purpose
+# (the simulator, tiny test shapes), and the warning would drown the notebooks' output.
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
 
 def _numpy_compat() -> None:
