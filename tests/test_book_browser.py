@@ -1,0 +1,295 @@
+"""The rendered book: it builds with every warning an error, and every page works in a real browser.
+
+The first test builds the book exactly as the issue asks (`jupyter-book build . -W -n --keep-going`,
+plus `--all` so that every page is read again and its warnings are seen again). Notebooks come from
+the execution cache in `_build/.jupyter_cache` when their code has not changed, so after a first
+build (or `make book`) this takes seconds; from a fresh clone it executes every notebook once.
+
+The browser tests serve `_build/html` on 127.0.0.1 and open every page in Debian's headless
+Chromium through its ChromeDriver (no browser download: `scripts/setup.sh` installs the Debian
+packages when it runs as root). Screenshots and a JSON report land in `_build/screenshots/`.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+BOOK_TITLE = "FlashAttention Lab"
+
+# a fresh clone executes every notebook here: allow far more than pytest's per-test default
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage", "--window-size=1280,1000", "--hide-scrollbars",
+]
+MAX_SHOT_HEIGHT = 6000  # px: long chapters are cut there, which is enough to see the layout
+
+
+# --------------------------------------------------------------------------- building
+
+
+@pytest.fixture(scope="module")
+def book_build():
+    """Build the book once for this module; the result is asserted by test_book_builds_clean."""
+    pytest.importorskip("jupyter_book", reason="jupyter-book is not installed (scripts/setup.sh installs it)")
+    # jupyter-book 1.x has no `python -m jupyter_book`: call its console entry point with this Python
+    cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
+           "build", str(ROOT), "--all", "-W", "-n", "--keep-going"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    (ROOT / "_build").mkdir(exist_ok=True)
+    (ROOT / "_build" / "book_build.log").write_text(log)
+    return proc.returncode, log
+
+
+def _problems(log: str) -> list[str]:
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    return [ansi.sub("", line) for line in log.splitlines()
+            if re.search(r"\b(WARNING|ERROR|CRITICAL)\b:|Traceback|failed", line)
+            and "Kernel is running over TCP" not in line]
+
+
+def test_book_builds_clean(book_build):
+    returncode, log = book_build
+    problems = _problems(log)
+    assert returncode == 0 and not problems, (
+        f"jupyter-book build -W -n failed (exit {returncode}); full log in _build/book_build.log:\n"
+        + "\n".join(problems[:40] or log.splitlines()[-40:]))
+
+
+def _toc_files() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k != "root"})
+    return [re.sub(r"\.(ipynb|md)$", "", f) for f in files]
+
+
+def test_every_toc_entry_has_a_page(book_build):
+    missing_source = [f for f in _toc_files()
+                      if not any((ROOT / f).with_suffix(s).exists() for s in (".ipynb", ".md"))]
+    missing_html = [f for f in _toc_files() if not (HTML / f).with_suffix(".html").exists()]
+    assert not missing_source, f"_toc.yml names files that do not exist: {missing_source}"
+    assert not missing_html, f"no page was built for: {missing_html}"
+
+
+# --------------------------------------------------------------------------- static checks
+
+
+class _Page(HTMLParser):
+    """Every id, every link/resource URL, the <title> and the first <h1> of one HTML page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids, self.urls, self.title, self.h1 = set(), [], "", None
+        self._in = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        if a.get("name") and tag == "a":
+            self.ids.add(a["name"])
+        attr = {"a": "href", "link": "href", "img": "src", "script": "src", "iframe": "src"}.get(tag)
+        if attr and a.get(attr) is not None:
+            self.urls.append((tag, a[attr]))
+        if tag == "title" or (tag == "h1" and self.h1 is None):
+            self._in = tag
+            if tag == "h1":
+                self.h1 = ""
+
+    def handle_endtag(self, tag):
+        if tag == self._in:
+            self._in = None
+
+    def handle_data(self, data):
+        if self._in == "title":
+            self.title += data
+        elif self._in == "h1":
+            self.h1 += data
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    return page
+
+
+def _pages() -> list[str]:
+    """Every HTML page of the built book, as paths relative to _build/html."""
+    skip = ("_static", "_sources", "_images")
+    return sorted(p.relative_to(HTML).as_posix() for p in HTML.rglob("*.html")
+                  if not p.relative_to(HTML).parts[0] in skip)
+
+
+def _is_redirect(rel: str) -> bool:
+    return 'http-equiv="Refresh"' in (HTML / rel).read_text(encoding="utf-8")[:2000]
+
+
+def test_internal_links_resolve(book_build):
+    if not (HTML / "intro.html").exists():
+        pytest.fail("the book was not built (see test_book_builds_clean)")
+    broken = []
+    for rel in _pages():
+        for tag, url in _parse(HTML / rel).urls:
+            parts = urlsplit(url)
+            if parts.scheme or url.startswith("//") or not (parts.path or parts.fragment):
+                continue  # external (http, mailto, data, javascript) or a bare "#"
+            target = (HTML / rel).parent / unquote(parts.path) if parts.path else HTML / rel
+            target = target.resolve()
+            if target.is_dir():
+                target = target / "index.html"
+            if HTML.resolve() not in target.parents or not target.exists():
+                broken.append(f"{rel}: <{tag}> {url} -> no such file")
+            elif parts.fragment and target.suffix == ".html" and unquote(parts.fragment) not in _parse(target).ids:
+                broken.append(f"{rel}: <{tag}> {url} -> no id {parts.fragment!r} in {target.name}")
+    assert not broken, "broken internal links:\n" + "\n".join(broken)
+
+
+# --------------------------------------------------------------------------- in the browser
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(book_build):
+    if not (HTML / "intro.html").exists():
+        pytest.fail("the book was not built (see test_book_builds_clean)")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _find_chromium():
+    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser") if shutil.which(n)), None)
+    driver = shutil.which("chromedriver")
+    if not browser or not driver:
+        pytest.skip("no Debian chromium/chromium-driver here: `scripts/setup.sh` installs them when run as root "
+                    "(apt-get install -y chromium chromium-driver); this test downloads no browser")
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (requirements.txt)")
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = _find_chromium()
+    profile = tempfile.mkdtemp(prefix="fa-lab-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={profile}"]:
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
+    driver.set_page_load_timeout(60)
+    driver.set_script_timeout(30)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+# Waits for every image (lazy ones made eager), then reports whether each one decoded.
+_IMAGES_JS = """
+const done = arguments[arguments.length - 1];
+const imgs = Array.from(document.images);
+Promise.all(imgs.map(img => {
+  img.loading = "eager";
+  if (img.complete) return Promise.resolve();
+  return new Promise(r => { img.addEventListener("load", r); img.addEventListener("error", r); });
+})).then(() => done(imgs.map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0}))));
+"""
+
+
+def _screenshot(driver, path: Path):
+    width = driver.execute_script("return document.documentElement.clientWidth")
+    height = driver.execute_script(
+        "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": width, "height": min(height, MAX_SHOT_HEIGHT), "scale": 1}})
+    import base64
+    path.write_bytes(base64.b64decode(shot["data"]))
+
+
+def test_every_page_in_chromium(browser, server):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    report, failures = [], []
+    for rel in _pages():
+        browser.get_log("browser")  # drop what earlier pages left
+        browser.get(urljoin(server, rel))
+        landed = browser.current_url[len(server):]
+        if _is_redirect(rel):
+            ok = (HTML / landed).exists() and not _is_redirect(landed)
+            report.append({"page": rel, "redirects_to": landed})
+            if not ok:
+                failures.append(f"{rel}: redirect lands on {landed!r}, not a page of the book")
+            continue
+        title = browser.title
+        page = _parse(HTML / rel)
+        images = browser.execute_async_script(_IMAGES_JS)
+        local = [i for i in images if i["src"].startswith(server) or i["src"].startswith("data:")]
+        external = [i["src"] for i in images if i not in local]
+        logs = browser.get_log("browser")
+        local_errors = [e["message"] for e in logs if e["level"] == "SEVERE" and server in e["message"]]
+        other_errors = [e["message"] for e in logs if e["level"] == "SEVERE" and server not in e["message"]]
+        math = browser.execute_script(
+            "return {math: document.querySelectorAll('.math').length,"
+            " mathjax_script: !!document.querySelector('script[src*=\"mathjax\"]'),"
+            " typeset: document.querySelectorAll('mjx-container').length}")
+        shot = SHOTS / (rel.replace("/", "__").removesuffix(".html") + ".png")
+        _screenshot(browser, shot)
+        report.append({"page": rel, "title": title, "images": len(local), "external_images": external,
+                       "local_errors": local_errors, "external_errors": other_errors, **math,
+                       "screenshot": shot.relative_to(ROOT).as_posix()})
+
+        # the title: "<page heading> — FlashAttention Lab" (Sphinx's search page uses " - ")
+        if not re.fullmatch(rf".+ (—|-) {re.escape(BOOK_TITLE)}", title):
+            failures.append(f"{rel}: title {title!r} is not '<page> — {BOOK_TITLE}'")
+        elif page.h1 is not None and page.h1.strip("#¶ \n") not in title:
+            failures.append(f"{rel}: title {title!r} does not name the page's heading {page.h1.strip()!r}")
+        failures += [f"{rel}: image did not load: {i['src']}" for i in local if not i["ok"]]
+        failures += [f"{rel}: browser error: {m}" for m in local_errors]
+        if math["math"] and not math["mathjax_script"]:
+            failures.append(f"{rel}: has {math['math']} formulas but loads no MathJax")
+
+    (SHOTS / "report.json").write_text(json.dumps(report, indent=1))
+    assert report, "no pages found in _build/html"
+    assert not failures, "\n".join(failures)
