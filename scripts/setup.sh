@@ -9,5 +9,15 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q torch==2.13.0
 fi
 "$PY" -m pip install -q -r requirements.txt
+# tests/test_book_browser.py drives Debian's Chromium (never a downloaded browser); it skips without one.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium and chromium-driver for the browser test"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; } >/dev/null \
+      || echo "setup: could not install chromium: the browser test will be skipped"
+  else
+    echo "setup: no chromium/chromedriver and not root: the browser test will be skipped"
+  fi
+fi
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import fa_lab; fa_lab.banner()"
