@@ -12,7 +12,6 @@ Copy gpu_notebooks.json into fa_lab/data/: the status page of the book shows it.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -39,8 +38,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1280,1000", "--hide-scrollbars",
+    "--disable-dev-shm-usage", "--hide-scrollbars",
 ]
+WINDOW = (1280, 1000)
 MAX_SHOT_HEIGHT = 6000  # px: long chapters are cut there, which is enough to see the layout
 
 
@@ -215,7 +215,7 @@ def browser(server):
     profile = tempfile.mkdtemp(prefix="fa-lab-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
-    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={profile}"]:
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={profile}", "--window-size={},{}".format(*WINDOW)]:
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
@@ -239,14 +239,13 @@ Promise.all(imgs.map(img => {
 
 
 def _screenshot(driver, path: Path):
-    width = driver.execute_script("return document.documentElement.clientWidth")
+    """The whole page (cut at MAX_SHOT_HEIGHT): the window grows to the page's height for the shot."""
+    driver.execute_script("window.scrollTo(0, 0)")
     height = driver.execute_script(
         "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)")
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
-        "format": "png", "captureBeyondViewport": True,
-        "clip": {"x": 0, "y": 0, "width": width, "height": min(height, MAX_SHOT_HEIGHT), "scale": 1}})
-    import base64
-    path.write_bytes(base64.b64decode(shot["data"]))
+    driver.set_window_size(WINDOW[0], min(max(height, WINDOW[1]), MAX_SHOT_HEIGHT))
+    driver.save_screenshot(str(path))
+    driver.set_window_size(*WINDOW)
 
 
 def test_every_page_in_chromium(browser, server):
