@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -54,7 +55,9 @@ def book_build():
     # jupyter-book 1.x has no `python -m jupyter_book`: call its console entry point with this Python
     cmd = [sys.executable, "-c", "from jupyter_book.cli.main import main; main()",
            "build", str(ROOT), "--all", "-W", "-n", "--keep-going"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    # the notebooks' kernels import fa_lab from this checkout, whatever else is installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     (ROOT / "_build").mkdir(exist_ok=True)
     (ROOT / "_build" / "book_build.log").write_text(log)
