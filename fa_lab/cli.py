@@ -10,6 +10,7 @@ import sys
 #: subcommand name → module providing configure(parser) and run(args)
 SUBCOMMANDS = {
     "info": "fa_lab.cli_info",
+    "grade": "fa_lab.cli_grade",
 }
 
 

@@ -1,0 +1,256 @@
+"""Structure checks: not only *what* the learner's function returns, but *how* it got there.
+
+An exercise about tiling is not passed by code that builds the full (Nq, Nk) score
+matrix and calls softmax; "one pass over the keys" is not passed by two.  These checks
+watch every PyTorch op the learner's code runs (a ``TorchDispatchMode``, entered in the
+thread that runs the learner's code) and judge afterwards:
+
+- ``NoQuadraticBuffer``  no intermediate with Nq·Nk or more elements (S, P or a full mask);
+- ``ReadBudget``         each element of the named inputs is read at most ``budget`` times
+                         (views and slices are free; an op that reads a view pays its size);
+- ``SimLoadBudget``      the same for a Numba kernel in the CUDA simulator: scalar loads from
+                         device arrays, per element of the named inputs;
+- ``PoisonEmpty``        always on: ``torch.empty``-style buffers come back filled with NaN,
+                         so a row the learner never writes shows up as NaN instead of as
+                         whatever zeros the allocator happened to return.
+
+A check applies to the cases whose ``meta`` has ``structure=True`` (large enough that a
+tile is clearly smaller than Nq·Nk), unless it overrides ``applies``.  Kernel-style
+exercises that write into output arguments get those poisoned by ``core`` directly
+(``Exercise.out_args``); NumPy code, and Numba code outside the simulator, is not seen.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+aten = torch.ops.aten
+
+#: allocation ops whose contents are undefined; PoisonEmpty fills their results
+_EMPTY_OPS = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+              aten.new_empty.default, aten.new_empty_strided.default}
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with a value no correct kernel writes: NaN for floats, a sentinel for integers."""
+    if t.is_floating_point() or t.is_complex():
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.fill_(True)
+    return t.fill_(torch.iinfo(t.dtype).min)
+
+
+def _storage_key(t: torch.Tensor):
+    try:
+        return (t.device, t.untyped_storage().data_ptr())
+    except Exception:  # meta / sparse / functional tensors: no storage to compare
+        return None
+
+
+def _tensors(tree):
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+class Watch(TorchDispatchMode):
+    """Run every op, then show it to each hook: ``hook.on_op(func, args, kwargs, out)``."""
+
+    def __init__(self, hooks):
+        super().__init__()
+        self.hooks = list(hooks)
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # True (torch's default) wraps __torch_dispatch__ in torch._dynamo.disable, which imports
+        # torch._dynamo: ~3 s in every fresh kernel, for learner code that is never compiled here.
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        for hook in self.hooks:
+            hook.on_op(func, args, kwargs, out)
+        return out
+
+
+class PoisonEmpty:
+    """Hook: uninitialised allocations come back full of NaN (always on unless an exercise opts out)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def on_op(self, func, args, kwargs, out):
+        if func in _EMPTY_OPS and isinstance(out, torch.Tensor) and out.device.type != "meta":
+            poison_(out)
+            self.count += 1
+
+
+class StructureCheck:
+    """Base class.  Subclasses set ``label`` and implement ``start`` / ``on_op`` / ``verdict``."""
+
+    label = "structure"
+
+    def applies(self, case) -> bool:
+        return bool(case.meta.get("structure"))
+
+    def monitor(self, case, args, kwargs) -> "StructureCheck":
+        """A fresh watcher for one call (checks are declared once per exercise)."""
+        import copy
+
+        m = copy.copy(self)
+        m.start(case, args, kwargs)
+        return m
+
+    def start(self, case, args, kwargs) -> None:
+        pass
+
+    def on_op(self, func, args, kwargs, out) -> None:
+        pass
+
+    def finish(self) -> None:
+        """Called after the learner's call however it ended (returned, raised, timed out)."""
+
+    def verdict(self) -> str | None:
+        """None if the structure is right, else what is wrong, in words for the learner."""
+        return None
+
+
+class NoQuadraticBuffer(StructureCheck):
+    """No intermediate with ``Nq * Nk`` elements or more (``meta['n_q']``, ``meta['n_k']``)."""
+
+    label = "no Nq×Nk buffer"
+
+    def start(self, case, args, kwargs):
+        self.n_q, self.n_k = case.meta["n_q"], case.meta["n_k"]
+        self.limit = self.n_q * self.n_k
+        self.inputs = {_storage_key(t) for t in _tensors((args, kwargs))}
+        self.offender = None
+
+    def on_op(self, func, args, kwargs, out):
+        if self.offender is not None:
+            return
+        in_keys = {_storage_key(t) for t in _tensors((args, kwargs))}
+        for t in _tensors(out):
+            key = _storage_key(t)
+            if t.numel() >= self.limit and key not in in_keys and key not in self.inputs:
+                self.offender = (str(func.overloadpacket.__name__), tuple(t.shape), t.dtype)
+                return
+
+    def verdict(self):
+        if self.offender is None:
+            return None
+        op, shape, dtype = self.offender
+        return (f"your code built a tensor of shape {shape} ({str(dtype).replace('torch.', '')}, made by {op}) — "
+                f"as large as the whole Nq×Nk = {self.n_q}×{self.n_k} score matrix. A tiled / online algorithm only "
+                "ever holds one tile of S at a time (and builds a tile's mask from index arithmetic).")
+
+
+class ReadBudget(StructureCheck):
+    """Each element of the watched arguments is read at most ``budget`` times.
+
+    ``args`` names positional arguments by index, e.g. ``{1: "K", 2: "V"}``.  Taking a view
+    or a slice is free; an op that reads a tensor pays its number of elements once.
+    """
+
+    def __init__(self, args: dict, budget: float = 1.0, why: str = ""):
+        self.watch_args = dict(args)
+        self.budget = budget
+        self.why = why
+        self.label = f"reads of {', '.join(self.watch_args.values())} ≤ {budget:g} per element"
+
+    def start(self, case, args, kwargs):
+        self.targets = {}
+        for i, name in self.watch_args.items():
+            if i < len(args) and isinstance(args[i], torch.Tensor):
+                key = _storage_key(args[i])
+                if key is not None:
+                    self.targets[key] = [name, args[i].numel(), 0]
+
+    def on_op(self, func, args, kwargs, out):
+        out_keys = {_storage_key(t) for t in _tensors(out)}
+        for t in _tensors((args, kwargs)):
+            key = _storage_key(t)
+            if key in self.targets and key not in out_keys:   # a view of its input reads nothing
+                self.targets[key][2] += t.numel()
+
+    def verdict(self):
+        over = [(name, reads / max(n, 1)) for name, n, reads in self.targets.values()
+                if reads > self.budget * n + 1e-9]
+        if not over:
+            return None
+        said = ", ".join(f"{name} {per:.3g}×" for name, per in over)
+        return (f"each element was read too many times ({said}; budget {self.budget:g}×). "
+                + (self.why or "Load each tile once and reuse it while it is in fast memory."))
+
+
+class SimLoadBudget(StructureCheck):
+    """Numba CUDA simulator: global-memory loads per element of the named inputs within a budget.
+
+    Every scalar a kernel reads from a device array (``K[j, d]``) is one load; it is charged to
+    the array the simulator copied to the "device", which is matched to an input by its contents
+    (so ``cuda.to_device(k.numpy())`` and passing ``k.numpy()`` to the launch both count).  Only in
+    the CPU world: on a real GPU (``fa_lab.ON_GPU``) it does not apply and is not scored.
+    ``args`` names positional arguments by index, e.g. ``{1: "K", 2: "V"}``.
+    """
+
+    def __init__(self, args: dict, budget: float, why: str = ""):
+        self.watch_args = dict(args)
+        self.budget = budget
+        self.why = why
+        self.label = f"global loads of {', '.join(self.watch_args.values())} ≤ {budget:g} per element (simulator)"
+
+    def applies(self, case) -> bool:
+        from ..world import ON_GPU
+
+        return not ON_GPU and super().applies(case)
+
+    def start(self, case, args, kwargs):
+        import threading
+
+        from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
+
+        self.watched = {name: args[i].detach().cpu().numpy() for i, name in self.watch_args.items()
+                        if i < len(args) and isinstance(args[i], torch.Tensor)}
+        self.loads = {}          # id(root array) -> [root array, scalar loads]
+        lock = threading.Lock()  # the simulator runs each CUDA thread as a Python thread
+        cls, original = FakeWithinKernelCUDAArray, FakeWithinKernelCUDAArray.__getitem__
+        loads = self.loads
+
+        def counting_getitem(arr, idx):
+            out = original(arr, idx)
+            if not isinstance(out, FakeWithinKernelCUDAArray):   # a scalar: one load (a view loads nothing)
+                root = arr._item._ary
+                while getattr(root, "base", None) is not None and hasattr(root.base, "shape"):
+                    root = root.base
+                with lock:
+                    entry = loads.setdefault(id(root), [root, 0])
+                    entry[1] += 1
+            return out
+
+        cls.__getitem__ = counting_getitem
+        self._restore = (cls, original)
+
+    def finish(self):
+        restore = getattr(self, "_restore", None)
+        if restore is not None:
+            cls, original = restore
+            cls.__getitem__ = original
+            self._restore = None
+
+    def verdict(self):
+        import numpy as np
+
+        self.finish()
+        over = []
+        for name, host in self.watched.items():
+            n = 0
+            for root, count in self.loads.values():
+                if root.shape == host.shape and np.array_equal(np.asarray(root, dtype=np.float64),
+                                                               host.astype(np.float64), equal_nan=True):
+                    n += count
+            if n > self.budget * host.size + 1e-9:
+                over.append(f"{name} {n / max(host.size, 1):.3g}×")
+        if not over:
+            return None
+        return (f"too many global-memory loads per element ({', '.join(over)}; budget {self.budget:g}×). "
+                + (self.why or "Stage each tile in shared memory once and reuse it from there."))
