@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import ctypes
 import html
-import math
 import threading
 import time
 import traceback
@@ -46,6 +45,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..testing import tolerance
 from .feedback import Mismatch, check_like, compare_tensor, heatmap_png
 from .structure import PoisonEmpty, Watch, poison_
 
@@ -175,8 +175,6 @@ def _compare_tree(got, expected, native, case: Case, ex: Exercise | None, values
                            expected_dtype=n.dtype if isinstance(n, torch.Tensor) else None,
                            strict_dtype=strict, tile=tile, meta=case.meta)
         elif isinstance(e, float) and isinstance(g, (int, float)) and not isinstance(g, bool):
-            from ..testing import tolerance
-
             atol, rtol = tolerance(case.dtype)
             if not (g == e or abs(g - e) <= atol + rtol * abs(e)):
                 raise AssertionError(f"{what}: got {g!r}, expected {e!r}")
