@@ -123,6 +123,11 @@ def main(argv=None) -> int:
                             "error": "time budget of this run spent", "wall_s": None})
         else:
             print(f"--- {path.relative_to(ROOT)}", flush=True)
+            # on record before it starts: a run killed from outside still says which notebook it was in
+            unfinished = {"notebook": path.relative_to(ROOT).as_posix(), "status": "killed",
+                          "error": "the run was stopped while this notebook executed", "wall_s": None}
+            recorded.save("gpu_notebooks", records + [unfinished], command=command, directory=args.out,
+                          tests=args.tests)
             records.append(run_notebook(path, args.cell_timeout, args.out))
             r = records[-1]
             print(f"    {r['status']} in {r['wall_s']} s, {r['images']} images"

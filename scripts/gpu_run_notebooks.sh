@@ -5,9 +5,10 @@
 #
 # Leaves in OUTDIR: gpu_notebooks.json (copy it to fa_lab/data/: the book's status page shows it),
 # executed.tar.gz (the executed notebooks), pytest.log and gpu_run.log.
-# Knobs: NB_BUDGET (seconds after which no further notebook starts, default 330), CELL_TIMEOUT
-# (default 300), TEST_TIMEOUT (seconds for the test suite, default 150), NBVAL_BOOK=1 (also run
-# book/ under nbval: the notebooks above already ran every cell of it).
+# Knobs: NB_BUDGET (seconds after which no further notebook starts, default 330), NB_TIMEOUT (seconds
+# after which the notebook run is killed, default 420), CELL_TIMEOUT (default 300), TEST_TIMEOUT
+# (seconds for the test suite, default 150), NBVAL_BOOK=1 (also run book/ under nbval: the notebooks
+# above already ran every cell of it).
 #
 # A machine without jupyter (the lent GPU machines have torch/triton/numba but no nbclient,
 # ipykernel or nbval) gets them from wheels in .whl/notebooks/, made on the developer's machine:
@@ -38,7 +39,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
 t0=$(date +%s)
-"$PY" scripts/gpu_run_notebooks.py --out "$OUTDIR" --budget "${NB_BUDGET:-330}" \
+timeout "${NB_TIMEOUT:-420}" "$PY" scripts/gpu_run_notebooks.py --out "$OUTDIR" --budget "${NB_BUDGET:-330}" \
   --cell-timeout "${CELL_TIMEOUT:-300}" "$@"
 nb_rc=$?
 echo "gpu_run: notebooks took $(( $(date +%s) - t0 )) s (exit $nb_rc)"
@@ -46,8 +47,11 @@ echo "gpu_run: notebooks took $(( $(date +%s) - t0 )) s (exit $nb_rc)"
 t1=$(date +%s)
 targets=(tests exercises)
 [ "${NBVAL_BOOK:-0}" = 1 ] && targets+=(book)
-timeout "${TEST_TIMEOUT:-150}" "$PY" -m pytest "${targets[@]}" --nbval-lax --nbval-current-env -q \
-  >"$OUTDIR/pytest.log" 2>&1
+# pytest-timeout >= 2.3 stops the session itself and still prints the summary line
+stop=()
+"$PY" -m pytest --help 2>/dev/null | grep -q -- --session-timeout && stop=(--session-timeout "${TEST_TIMEOUT:-150}")
+timeout $(( ${TEST_TIMEOUT:-150} + 30 )) "$PY" -m pytest "${targets[@]}" --nbval-lax --nbval-current-env -q \
+  "${stop[@]}" >"$OUTDIR/pytest.log" 2>&1
 test_rc=$?
 tail -n 25 "$OUTDIR/pytest.log"
 summary=$(grep -E "^=*.*( passed| failed| error)" "$OUTDIR/pytest.log" | tail -n 1 | tr -d '=' | xargs)
