@@ -1,0 +1,15 @@
+"""Chapter 6: a performance model of attention — count FLOPs and HBM bytes, predict a roofline time,
+and correlate it with what the GPU measures (``fa-lab correlate``).
+
+* ``devices`` — GPU presets (datasheet peaks) and ``Device.with_ceilings`` for measured ones;
+* ``model`` — counts for naive attention, the FlashAttention forward and backward, and ``predict``;
+* ``hardware`` — measuring ceilings and kernels on a GPU (SDPA backends or any registered kernel);
+* ``correlate`` — calibration shapes, report shapes, and the predicted-vs-measured table.
+"""
+from .devices import DEVICES, Device, device_names, get_device, select, sim_device_names
+from .model import (ALGORITHMS, MASKS, Counts, Prediction, Problem, attainable, count, flash_backward_counts,
+                    flash_forward_counts, naive_counts, predict, tiles, visible_pairs)
+
+__all__ = ["DEVICES", "Device", "device_names", "get_device", "select", "sim_device_names", "ALGORITHMS", "MASKS",
+           "Counts", "Prediction", "Problem", "attainable", "count", "flash_backward_counts", "flash_forward_counts",
+           "naive_counts", "predict", "tiles", "visible_pairs"]

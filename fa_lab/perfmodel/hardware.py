@@ -1,0 +1,218 @@
+"""Measuring on the GPU: the ceilings the roofline needs, and one attention kernel on one problem.
+
+A *hardware kernel* is either a PyTorch SDPA backend (``flash``, ``efficient``, ``cudnn``, ``math``)
+or the name of any implementation registered in ``fa_lab`` (``triton``, ``numba_tiled``, …).
+Every timing goes through ``fa_lab.timing.time_fn`` (CUDA events, median; L2 flushed between runs).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..world import DEVICE, ON_GPU, WORLD
+from .model import Problem
+
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def kernel_names() -> list[str]:
+    """What ``--hardware-kernel`` accepts: the SDPA backends, then every registered implementation."""
+    from ..registry import implementations
+
+    return list(SDPA_BACKENDS) + [n for n in implementations() if n != "reference"]
+
+
+def _sdpa_backend(name):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+
+
+def _inputs(p: Problem, seed: int = 0):
+    """Standard-normal q, k, v drawn where they will live (on the GPU: no host-side draw of 100M numbers)."""
+    dtype = _TORCH_DTYPES[p.dtype]
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def draw(h, n, d):
+        return torch.randn(p.batch, h, n, d, device=DEVICE, generator=g, dtype=torch.float32).to(dtype)
+
+    return draw(p.heads, p.n_q, p.head_dim), draw(p.kv_heads, p.n_k, p.head_dim), draw(p.kv_heads, p.n_k, p.head_dim_v)
+
+
+def make_call(kernel: str, p: Problem, seed: int = 0):
+    """``(fn, context)``: ``fn()`` runs the kernel once on fresh inputs; time it inside ``context``.
+
+    Raises ValueError (with the reason) when the kernel cannot run this problem.
+    """
+    if p.dtype not in ("fp16", "bf16", "fp32"):
+        raise ValueError(f"kernels are measured in fp16, bf16 or fp32; {p.dtype} is a dtype of the model only")
+    q, k, v = _inputs(p, seed)
+    left, right = p.left_right
+    if kernel in SDPA_BACKENDS:
+        import torch.nn.functional as F
+        from torch.nn.attention import sdpa_kernel
+
+        kw = dict(enable_gqa=p.heads != p.kv_heads)
+        if p.mask == "causal" and p.n_q == p.n_k:
+            kw["is_causal"] = True
+        elif p.mask == "causal":        # DESIGN's causal is bottom-right aligned; SDPA's is_causal is top-left
+            from torch.nn.attention.bias import causal_lower_right
+
+            kw["attn_mask"] = causal_lower_right(p.n_q, p.n_k)
+        elif p.mask == "sliding_window":
+            if kernel in ("flash", "cudnn"):
+                raise ValueError(f"SDPA's {kernel} backend takes no sliding window (only an is_causal flag); "
+                                 "use efficient, math, or a fa_lab kernel such as triton")
+            from ..masks import visible
+
+            kw["attn_mask"] = visible(p.n_q, p.n_k, left, right, device=q.device)
+        return (lambda: F.scaled_dot_product_attention(q, k, v, **kw)), sdpa_kernel([_sdpa_backend(kernel)])
+
+    from ..registry import get
+    from ..spec import make_spec
+
+    impl = get(kernel)   # ValueError listing the known names
+    if p.head_dim_v != p.head_dim:
+        raise ValueError(f"fa_lab kernels need Dv == D (got D={p.head_dim}, Dv={p.head_dim_v}); the model does not")
+    spec = make_spec(q, k, v, causal=p.mask == "causal", window=(left, right) if p.mask == "sliding_window" else (-1, -1))
+    why = impl.unsupported(spec, WORLD)
+    if why:
+        raise ValueError(why)
+    # straight to the kernel: the spec is checked once here, not on every timed call
+    return (lambda: impl.fn(q, k, v, spec)), contextlib.nullcontext()
+
+
+def kernel_blocks(kernel: str, p: Problem) -> dict:
+    """``{'block_m', 'block_n', …}`` a fa_lab kernel uses for ``p`` on a GPU (empty if it does not say).
+
+    ``numba_tiled`` compiles one tile shape per head dim; ``triton`` autotunes and caches its
+    launch configuration per (dtype, head dim, length bucket, mask), with a default when a shape
+    was never tuned.  In the CPU world this is still the *GPU* choice: the model describes a GPU.
+    """
+    try:
+        if kernel == "numba_tiled":
+            from .. import numba_tiled
+
+            gpu_configs = getattr(numba_tiled, "_GPU_CONFIGS", {})
+            cfg = gpu_configs.get(numba_tiled.head_dim_bucket(p.head_dim)) or numba_tiled.config_for(p.head_dim)
+            return dict(block_m=cfg.block_m, block_n=cfg.block_n, threads=cfg.threads)
+        if kernel == "triton":
+            from .. import triton_fwd
+            from ..spec import make_spec
+
+            q, k, v = (torch.empty(1, h, n, p.head_dim, device="meta") for h, n in
+                       ((p.heads, p.n_q), (p.kv_heads, p.n_k), (p.kv_heads, p.n_k)))
+            left, right = p.left_right
+            spec = make_spec(q, k, v, causal=p.mask == "causal",
+                             window=(left, right) if p.mask == "sliding_window" else (-1, -1))
+            cfg = None
+            if ON_GPU and p.dtype in _TORCH_DTYPES:
+                key = triton_fwd.config_key(spec, _TORCH_DTYPES[p.dtype], triton_fwd.FINAL.space)
+                cfg = triton_fwd.CACHE.get(torch.cuda.get_device_name(), key)
+            if cfg is None:
+                cfg = triton_fwd.default_config(triton_fwd.FINAL.space, triton_fwd.head_dim_pad(p.head_dim), p.n_q)
+                cfg["source"] = "default (not tuned)"
+            return {("block_m" if k == "BLOCK_M" else "block_n" if k == "BLOCK_N" else k): v for k, v in cfg.items()}
+    except Exception as exc:  # a kernel module that changed shape: the model falls back to its defaults
+        return dict(blocks_error=f"{type(exc).__name__}: {exc}"[:200])
+    return {}
+
+
+def measure(kernel: str, p: Problem, *, rep: int = 10, seed: int = 0) -> dict:
+    """Time ``kernel`` on ``p``: ``{'status': 'ok', 'ms': …, 'ms_p10', 'ms_p90', 'timer'}``, or a status saying why not."""
+    from ..timing import time_fn
+
+    out = dict(kernel=kernel, world=WORLD)
+    try:
+        fn, ctx = make_call(kernel, p, seed)
+        with ctx:
+            fn()                                   # compile / pick a kernel outside the timing
+            out.update(time_fn(fn, rep=rep))
+        out["status"] = "ok"
+        out.update(kernel_blocks(kernel, p))
+    except torch.cuda.OutOfMemoryError:
+        out["status"] = "oom"
+    except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        out["status"] = f"unsupported: {msg[:300]}"
+    finally:
+        if ON_GPU:
+            torch.cuda.empty_cache()
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Ceilings
+# ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _tf32(allowed: bool):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _matmul_ceiling(dtype, n: int, tf32: bool = False) -> float:
+    from ..timing import time_fn
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)   # random data: zeros run faster
+    b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
+    with _tf32(tf32):
+        ms = time_fn(lambda: torch.mm(a, b))["ms"]
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def _copy_ceiling(nbytes: int) -> float:
+    from ..timing import time_fn
+
+    x = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
+    y = torch.empty_like(x)
+    ms = time_fn(lambda: y.copy_(x))["ms"]
+    return 2 * x.numel() * 4 / (ms * 1e-3)           # bytes read + bytes written
+
+
+def _exp_ceiling() -> float:
+    """Exponentials per second: ``exp_probe.exp_chain`` keeps every SM busy with dependent ``exp2``."""
+    from ..timing import time_fn
+    from .exp_probe import exp_chain
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    block, iters, programs = 1024, 2048, sms * 16
+    x = torch.zeros(programs * block, device="cuda")
+    ms = time_fn(lambda: exp_chain[(programs,)](x, ITERS=iters, BLOCK=block, num_warps=8))["ms"]
+    return programs * block * iters / (ms * 1e-3)
+
+
+def measure_ceilings(*, n: int = 8192, copy_bytes: int = 2 * 2**30) -> list[dict]:
+    """The ceilings :meth:`Device.with_ceilings` takes, as records ``{'name', 'value', 'unit', 'how'}``."""
+    if not ON_GPU:
+        raise RuntimeError("measuring ceilings needs a CUDA GPU (this is the CPU world)")
+    jobs = [
+        ("tensor_bf16", "FLOP/s", f"torch.mm {n}³ bfloat16, random data", lambda: _matmul_ceiling(torch.bfloat16, n)),
+        ("tensor_fp16", "FLOP/s", f"torch.mm {n}³ float16, random data", lambda: _matmul_ceiling(torch.float16, n)),
+        ("tensor_tf32", "FLOP/s", f"torch.mm {n}³ float32 with TF32 allowed",
+         lambda: _matmul_ceiling(torch.float32, n, tf32=True)),
+        ("cuda_fp32", "FLOP/s", f"torch.mm {n}³ float32 with TF32 off (CUDA-core SGEMM)",
+         lambda: _matmul_ceiling(torch.float32, n, tf32=False)),
+        ("copy_bytes_per_s", "B/s", f"device-to-device copy of {copy_bytes / 2**30:.0f} GiB, bytes read + written",
+         lambda: _copy_ceiling(copy_bytes)),
+        ("exp_per_s", "1/s", "Triton kernel of dependent exp2 in registers", _exp_ceiling),
+    ]
+    out = []
+    for name, unit, how, fn in jobs:
+        rec = dict(name=name, unit=unit, how=how)
+        try:
+            rec["value"] = float(fn())
+            rec["status"] = "ok"
+        except Exception as exc:  # one ceiling that fails must not lose the others
+            rec["value"] = None
+            rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+        out.append(rec)
+        torch.cuda.empty_cache()
+    return out
