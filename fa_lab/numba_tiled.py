@@ -1,0 +1,438 @@
+"""Chapter 3: the FlashAttention-2 forward, tiled, on CUDA cores (Numba CUDA, fp32).
+
+One thread block owns a tile of ``BLOCK_M`` query rows of one (batch, head).  It
+streams the keys and values through shared memory in tiles of ``BLOCK_N`` rows and
+keeps the online-softmax state of its rows on chip — the running maximum ``m_i``,
+the running sum ``l_i`` and the unnormalised output ``acc`` — so that O and the
+log-sum-exp are written to global memory (HBM) exactly once, and S and P never are.
+
+Inside a block the work is split as in an SGEMM micro-kernel: the block's threads form
+a ``THREADS_M x THREADS_N`` grid and each thread computes a small register tile of S
+(``ROWS`` query rows x ``KEYS`` keys) and of O (``ROWS`` rows x ``DIMS`` features).
+Every value read from shared memory is then used several times from a register
+(on an H100, fp32, D = 128: 26 TFLOP/s against 8 for one query row per thread).
+
+Key tiles that no row of the block can see (outside the causal triangle or the
+sliding window) are skipped: the tile loop runs only over ``block_key_range``.  Tiles
+that are partly visible — the diagonal, the window edges, the tail past ``Nk`` —
+are masked element by element.
+
+Shared and local arrays need sizes known when the kernel is compiled, so a kernel is
+compiled per ``TileConfig``: one per head-dim bucket (D padded with zeros to 16, 32,
+64 or 128).  Head dims above 128 are refused with a ``ValueError``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numba import cuda, float32, uint32, uint64
+
+from .numba_bridge import as_array, require_float32, stream
+from .registry import register
+from .world import ON_GPU, pick
+
+#: Head dims are padded up to one of these; each has its own compiled kernel.
+HEAD_DIM_BUCKETS = (16, 32, 64, 128)
+MAX_HEAD_DIM = HEAD_DIM_BUCKETS[-1]
+
+# "Minus infinity" inside the kernels.  A finite sentinel, because fastmath lets the
+# compiler assume no value is ever infinite; exp(NEG_BIG - m) still underflows to 0.
+NEG_BIG = float32(-1e30)
+
+#: Static shared memory a block may use without opting in to more (48 KiB).
+SHARED_LIMIT = 48 * 1024
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """The compile-time shape of one tiled kernel."""
+
+    block_m: int     # BLOCK_M: query rows per block
+    block_n: int     # BLOCK_N: keys per K/V tile
+    threads_m: int   # threads along the rows of the block
+    threads_n: int   # threads along the keys (and along D in the P·V product)
+    d_pad: int       # head dim the kernel is compiled for (inputs are zero-padded up to it)
+    share_kv: bool = False  # K and V tiles take turns in one shared buffer (saves shared memory)
+    max_registers: int | None = None  # cap per thread, so that more blocks fit on a multiprocessor
+
+    @property
+    def threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+    @property
+    def rows(self) -> int:   # query rows per thread
+        return self.block_m // self.threads_m
+
+    @property
+    def keys(self) -> int:   # keys per thread in the S tile
+        return self.block_n // self.threads_n
+
+    @property
+    def dims(self) -> int:   # output features per thread
+        return self.d_pad // self.threads_n
+
+    def shared_bytes(self) -> int:
+        q = self.block_m * (self.d_pad + 1)
+        k = self.block_n * (self.d_pad + 1)
+        v = self.block_n * self.d_pad
+        p = self.block_m * (self.block_n + 1)
+        red = self.block_m * (self.threads_n + 1)
+        return 4 * (q + (max(k, v) if self.share_kv else k + v) + p + red)
+
+    def check(self) -> "TileConfig":
+        for what, big, small in (("block_m", self.block_m, self.threads_m), ("block_n", self.block_n, self.threads_n),
+                                 ("d_pad", self.d_pad, self.threads_n)):
+            if big % small:
+                raise ValueError(f"{what}={big} must be a multiple of {small}: {self}")
+        if self.shared_bytes() > SHARED_LIMIT:
+            raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
+        return self
+
+
+# On the GPU (chosen by `scripts/bench_ch3.py --tune` on an H100): each thread a 4x4
+# register tile of S; 128 threads per block up to D = 64.  At D = 128 a 64 x 32 tile would
+# need 66 KB of shared memory (48 KB is the static limit), so BLOCK_N drops to 16, K and V
+# take turns in one buffer, and 64 threads each own a 4 x 32 slice of the output.
+# In the simulator every CUDA thread is a Python thread: 4 per block.
+GPU_CONFIGS = {
+    16: TileConfig(64, 32, 16, 8, 16),
+    32: TileConfig(64, 32, 16, 8, 32),
+    64: TileConfig(64, 32, 16, 8, 64),
+    128: TileConfig(64, 16, 16, 4, 128, share_kv=True),
+}
+CPU_CONFIGS = {d: TileConfig(4, 4, 2, 2, d) for d in HEAD_DIM_BUCKETS}
+_GPU_CONFIGS, _CPU_CONFIGS = GPU_CONFIGS, CPU_CONFIGS   # older names (fa_lab.perfmodel reads _GPU_CONFIGS)
+
+
+def head_dim_bucket(head_dim: int) -> int:
+    """The padded head dim a kernel is compiled for; ValueError above ``MAX_HEAD_DIM``."""
+    for bucket in HEAD_DIM_BUCKETS:
+        if head_dim <= bucket:
+            return bucket
+    raise ValueError(f"numba_tiled keeps a {MAX_HEAD_DIM}-wide accumulator per row on chip and supports "
+                     f"head dims 1..{MAX_HEAD_DIM}; got head_dim={head_dim}")
+
+
+def config_for(head_dim: int) -> TileConfig:
+    """The tile configuration used for ``head_dim`` in this world."""
+    bucket = head_dim_bucket(head_dim)
+    return pick(cpu=CPU_CONFIGS, gpu=GPU_CONFIGS)[bucket]
+
+
+@functools.lru_cache(maxsize=None)
+def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
+    """Compile (lazily, at first launch) the tiled forward kernel for one ``TileConfig``.
+
+    The constants below are frozen into the kernel: Numba sizes shared and local arrays
+    from them and unrolls the loops over them, so ``s``, ``acc``, ``m_i`` and ``l_i``
+    live in registers.  ``skip_masked_tiles=False`` gives chapter 3's step 3: every key
+    tile is computed and the masked scores are thrown away.
+
+    A note on indices.  Numba checks every signed index for "negative, count from the
+    end" (Python's ``a[-1]``): three extra integer instructions per load, more than the
+    arithmetic they feed in the inner loops.  So the hot loops index flat arrays with
+    *unsigned* offsets (``uint32``/``uint64``): a per-thread base, plus the loop counter,
+    plus a constant per register-tile element (``uint32(i * STEP)`` folds to a constant
+    once Numba unrolls ``for i in range(ROWS)``).  They step with ``while`` loops on
+    unsigned counters, which compile to pointer increments and loads at fixed offsets.
+    """
+    cfg.check()
+    BLOCK_M, BLOCK_N, THREADS_N, D_PAD = cfg.block_m, cfg.block_n, cfg.threads_n, cfg.d_pad
+    THREADS_M, THREADS, ROWS, KEYS, DIMS = cfg.threads_m, cfg.threads, cfg.rows, cfg.keys, cfg.dims
+    Q_STRIDE = D_PAD + 1              # +1 float per row: threads reading one column hit different banks
+    K_STRIDE = D_PAD + 1
+    P_STRIDE = BLOCK_N + 1
+    R_STRIDE = THREADS_N + 1
+    V_OFFSET = 0 if cfg.share_kv else BLOCK_N * K_STRIDE
+    KV_SIZE = max(BLOCK_N * K_STRIDE, BLOCK_N * D_PAD) if cfg.share_kv else BLOCK_N * (K_STRIDE + D_PAD)
+    Q_SIZE, P_SIZE, R_SIZE = BLOCK_M * Q_STRIDE, BLOCK_M * P_STRIDE, BLOCK_M * R_STRIDE
+    LOADS = BLOCK_N * D_PAD // THREADS    # elements of a K (or V) tile each thread loads
+    SHARE_KV = cfg.share_kv
+    SKIP = skip_masked_tiles
+    B_LEN = max(DIMS, KEYS)
+    ACC_SHAPE, S_SHAPE = (ROWS, DIMS), (ROWS, KEYS)
+    Q_ROW_STEP, P_ROW_STEP, R_ROW_STEP = THREADS_M * Q_STRIDE, THREADS_M * P_STRIDE, THREADS_M * R_STRIDE
+    K_COL_STEP = THREADS_N * K_STRIDE
+    ZERO = float32(0.0)
+    U0, U1 = np.uint32(0), np.uint32(1)
+    U_D_PAD, U_BLOCK_N, U_K_STRIDE = np.uint32(D_PAD), np.uint32(BLOCK_N), np.uint32(K_STRIDE)
+
+    options = dict(fastmath=True)
+    if ON_GPU and cfg.max_registers:          # the simulator's jit takes no register cap
+        options["max_registers"] = cfg.max_registers
+
+    @cuda.jit(**options)
+    def flash_attention_fwd(Q, K, V, O, LSE, H, group, Nq, Nk, D, scale_, left, right):
+        # Q, O: flat (B, H, Nq, D); K, V: flat (B, H // group, Nk, D); LSE: flat (B, H, Nq).
+        # Heavier query tiles first (under a causal mask the last rows see the most keys),
+        # so the long blocks do not start last and leave the GPU idle at the end.
+        tile = cuda.gridDim.x - 1 - cuda.blockIdx.x
+        bh = cuda.blockIdx.y
+        b, h = bh // H, bh % H
+        hk = h // group                       # grouped-query attention: index the shared K/V head
+        tid = cuda.threadIdx.x
+        ty, tx = tid // THREADS_N, tid % THREADS_N
+        m_start = tile * BLOCK_M
+        m_end = min(m_start + BLOCK_M, Nq)
+        scale = float32(scale_)
+        shift = Nk - Nq                       # bottom-right alignment: row i sits at key i + Nk - Nq
+        u_d = uint64(D)
+        q_head = uint64(bh) * uint64(Nq) * u_d                      # where this head's Q (and O) start
+        kv_head = (uint64(b) * uint64(H // group) + uint64(hk)) * uint64(Nk) * u_d
+
+        q_s = cuda.shared.array(Q_SIZE, float32)     # Q tile [m][d], pre-scaled
+        kv_s = cuda.shared.array(KV_SIZE, float32)   # K tile [n][d] (padded rows), V tile [n][d]
+        p_s = cuda.shared.array(P_SIZE, float32)     # P tile [m][n]
+        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: partial row maxima, then row sums
+
+        # Where this thread's first row / key / feature sits in each shared tile (unsigned).
+        u_tx = uint32(tx)
+        q_base = uint32(ty * Q_STRIDE)
+        k_base = uint32(tx * K_STRIDE)
+        p_base = uint32(ty * P_STRIDE)
+        r_base = uint32(ty * R_STRIDE)
+        v_base = uint32(V_OFFSET + tx)
+
+        # Q tile, read once and pre-multiplied by the softmax scale; zeros past Nq and past D.
+        for e in range(tid, BLOCK_M * D_PAD, THREADS):
+            r, d = e // D_PAD, e % D_PAD
+            x = ZERO
+            if m_start + r < Nq and d < D:
+                x = Q[q_head + uint64((m_start + r) * D + d)] * scale
+            q_s[r * Q_STRIDE + d] = x
+
+        m_i = cuda.local.array(ROWS, float32)
+        l_i = cuda.local.array(ROWS, float32)   # this thread's share of the row sum (reduced at the end)
+        acc = cuda.local.array(ACC_SHAPE, float32)
+        s = cuda.local.array(S_SHAPE, float32)
+        a = cuda.local.array(ROWS, float32)
+        bv = cuda.local.array(B_LEN, float32)
+        for i in range(ROWS):
+            m_i[i] = NEG_BIG
+            l_i[i] = ZERO
+            for c in range(DIMS):
+                acc[i, c] = ZERO
+
+        # The keys any row of this block may see: [lo, hi).  Tiles outside are never loaded.
+        lo, hi = 0, Nk
+        if SKIP:
+            if left >= 0:
+                lo = max(0, m_start + shift - left)
+            if right >= 0:
+                hi = min(Nk, m_end - 1 + shift + right + 1)
+            lo = (lo // BLOCK_N) * BLOCK_N
+
+        for n_start in range(lo, hi, BLOCK_N):
+            cuda.syncthreads()                # everyone is done with the previous tile
+            tile_kv = kv_head + uint64(n_start) * u_d
+            n_valid = uint64(min(Nk - n_start, BLOCK_N))   # rows of the tile before the end of K
+            # A full tile with D == D_PAD is one contiguous run of BLOCK_N·D floats: element e of
+            # the run is element e of the tile, no bounds checks.  Tail tiles and padded D check.
+            full = n_valid == U_BLOCK_N and u_d == U_D_PAD
+            for t in range(LOADS):
+                e = uint32(tid + t * THREADS)
+                c, d = e // U_D_PAD, e % U_D_PAD
+                x = ZERO
+                y = ZERO
+                if full:
+                    x = K[tile_kv + e]
+                    if not SHARE_KV:
+                        y = V[tile_kv + e]
+                elif c < n_valid and d < u_d:
+                    x = K[tile_kv + c * u_d + d]
+                    if not SHARE_KV:
+                        y = V[tile_kv + c * u_d + d]
+                kv_s[c * U_K_STRIDE + d] = x
+                if not SHARE_KV:
+                    kv_s[V_OFFSET + e] = y       # the V tile is unpadded: [n][d] is element e
+            cuda.syncthreads()
+
+            # S tile = Q Kᵀ: thread (ty, tx) owns rows ty + THREADS_M·i and keys tx + THREADS_N·j.
+            for i in range(ROWS):
+                for j in range(KEYS):
+                    s[i, j] = ZERO
+            d = U0
+            while d < U_D_PAD:
+                q_at, k_at = q_base + d, k_base + d
+                for i in range(ROWS):
+                    a[i] = q_s[q_at + uint32(i * Q_ROW_STEP)]
+                for j in range(KEYS):
+                    bv[j] = kv_s[k_at + uint32(j * K_COL_STEP)]
+                for i in range(ROWS):
+                    for j in range(KEYS):
+                        s[i, j] += a[i] * bv[j]
+                d += U1
+
+            # Mask element by element only where the tile is not entirely visible to every row.
+            inside = n_start + BLOCK_N <= Nk
+            if left >= 0 and n_start < m_end - 1 + shift - left:
+                inside = False
+            if right >= 0 and n_start + BLOCK_N - 1 > m_start + shift + right:
+                inside = False
+            if not inside:
+                for i in range(ROWS):
+                    diag = m_start + ty + THREADS_M * i + shift
+                    for j in range(KEYS):
+                        col = n_start + tx + THREADS_N * j
+                        if col >= Nk or (left >= 0 and col < diag - left) or (right >= 0 and col > diag + right):
+                            s[i, j] = NEG_BIG
+
+            # Row maxima of the tile: each thread's part, then combined through shared memory.
+            for i in range(ROWS):
+                mx = s[i, 0]
+                for j in range(1, KEYS):
+                    mx = max(mx, s[i, j])
+                red_s[r_base + u_tx + uint32(i * R_ROW_STEP)] = mx
+            cuda.syncthreads()
+
+            if SHARE_KV:                      # K is no longer needed: V takes its place
+                for t in range(LOADS):
+                    e = uint32(tid + t * THREADS)
+                    c, d = e // U_D_PAD, e % U_D_PAD
+                    y = ZERO
+                    if full:
+                        y = V[tile_kv + e]
+                    elif c < n_valid and d < u_d:
+                        y = V[tile_kv + c * u_d + d]
+                    kv_s[e] = y
+
+            # Online softmax: new max, rescale what was accumulated, P tile to shared memory.
+            for i in range(ROWS):
+                m_new = m_i[i]
+                for t in range(THREADS_N):
+                    m_new = max(m_new, red_s[r_base + uint32(i * R_ROW_STEP + t)])
+                m_use = m_new if m_new > NEG_BIG else ZERO   # nothing visible yet: exp(NEG_BIG) = 0
+                alpha = math.exp(m_i[i] - m_use)
+                m_i[i] = m_new
+                row_sum = ZERO
+                for j in range(KEYS):
+                    p = math.exp(s[i, j] - m_use)
+                    p_s[p_base + u_tx + uint32(i * P_ROW_STEP + j * THREADS_N)] = p
+                    row_sum += p
+                l_i[i] = l_i[i] * alpha + row_sum
+                for c in range(DIMS):
+                    acc[i, c] *= alpha
+            cuda.syncthreads()
+
+            # acc += P V: thread (ty, tx) owns rows ty + THREADS_M·i and features tx + THREADS_N·c.
+            n = U0
+            v_at = v_base
+            while n < U_BLOCK_N:
+                p_at = p_base + n
+                for i in range(ROWS):
+                    a[i] = p_s[p_at + uint32(i * P_ROW_STEP)]
+                for c in range(DIMS):
+                    bv[c] = kv_s[v_at + uint32(c * THREADS_N)]
+                for i in range(ROWS):
+                    for c in range(DIMS):
+                        acc[i, c] += a[i] * bv[c]
+                n += U1
+                v_at += U_D_PAD
+
+        # Each thread summed only its own keys: add up l_i across the row, then write O and lse once.
+        cuda.syncthreads()
+        for i in range(ROWS):
+            red_s[r_base + u_tx + uint32(i * R_ROW_STEP)] = l_i[i]
+        cuda.syncthreads()
+        for i in range(ROWS):
+            row = m_start + ty + THREADS_M * i
+            if row < Nq:
+                l_row = ZERO
+                for t in range(THREADS_N):
+                    l_row += red_s[r_base + uint32(i * R_ROW_STEP + t)]
+                inv = ZERO
+                if l_row > ZERO:
+                    inv = float32(1.0) / l_row
+                for c in range(DIMS):
+                    d = tx + THREADS_N * c
+                    if d < D:
+                        O[q_head + uint64(row * D + d)] = acc[i, c] * inv   # a row that sees no key: zeros
+                if tx == 0:
+                    if l_row > ZERO:
+                        LSE[bh * Nq + row] = m_i[i] + math.log(l_row)
+                    else:
+                        LSE[bh * Nq + row] = -math.inf
+
+    return flash_attention_fwd
+
+
+@contextlib.contextmanager
+def simulator_speed():
+    """In the simulator, hand the GIL between the Python threads that play CUDA threads quickly.
+
+    Every ``syncthreads`` waits for all threads of the block; with Python's default 5 ms
+    switch interval each barrier costs milliseconds.  0.1 ms makes the simulated kernels
+    about 8x faster.  On a GPU this does nothing.
+    """
+    if ON_GPU:
+        yield
+        return
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+def launch_tiled(q, k, v, spec, *, cfg: TileConfig | None = None, skip_masked_tiles: bool = True, name="numba_tiled"):
+    """Run the tiled kernel; returns ``(o, lse)``.  ``cfg`` overrides the per-head-dim choice."""
+    require_float32(spec, name)
+    cfg = cfg or config_for(spec.head_dim)
+    if spec.head_dim > cfg.d_pad:
+        raise ValueError(f"{name}: head_dim={spec.head_dim} is larger than the kernel's d_pad={cfg.d_pad}")
+    if spec.batch * spec.heads > 65535:
+        raise ValueError(f"{name}: batch*heads = {spec.batch * spec.heads} is over the grid's 65535 limit")
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    o = torch.empty_like(q)
+    lse = torch.empty(spec.batch, spec.heads, spec.n_q, device=q.device, dtype=torch.float32)
+    kernel = build_kernel(cfg, skip_masked_tiles)
+    grid = (math.ceil(spec.n_q / cfg.block_m), spec.batch * spec.heads)
+    with simulator_speed():
+        kernel[grid, cfg.threads, stream()](*(as_array(t.view(-1)) for t in (q, k, v, o, lse)),
+                                            spec.heads, spec.group, spec.n_q, spec.n_k, spec.head_dim,
+                                            np.float32(spec.scale), spec.left, spec.right)
+    return o, lse
+
+
+def numba_tiled(q, k, v, spec):
+    return launch_tiled(q, k, v, spec)
+
+
+def hbm_bytes(spec, block_m: int | None = None, block_n: int | None = None) -> dict:
+    """Bytes the tiled kernel moves to and from global memory, by the model of the chapter.
+
+    Q, O and lse cross once; every block reads the K/V tiles of its key range once, so
+    K and V are read ``ceil(Nq / BLOCK_M)`` times per (batch, head) — fewer under a mask.
+    (On the GPU most of those repeated reads hit the L2 cache: this counts them all.)
+    """
+    from .masks import block_key_range
+
+    cfg = config_for(spec.head_dim)
+    block_m, block_n = block_m or cfg.block_m, block_n or cfg.block_n
+    B, H, D = spec.batch, spec.heads, spec.head_dim   # each query head reads its K/V head's tiles
+    kv_rows = 0
+    for m0 in range(0, spec.n_q, block_m):
+        lo, hi = block_key_range(m0, min(m0 + block_m, spec.n_q), spec.n_q, spec.n_k, spec.left, spec.right)
+        if hi > lo:
+            kv_rows += min(spec.n_k, -(-hi // block_n) * block_n) - lo // block_n * block_n
+    return dict(q=4 * B * H * spec.n_q * D, o=4 * B * H * spec.n_q * D, lse=4 * B * H * spec.n_q,
+                kv=4 * 2 * B * H * kv_rows * D, s_and_p=0)
+
+
+register(
+    "numba_tiled", chapter=3,
+    description="FlashAttention-2 forward in Numba CUDA: Q tile per block, K/V tiles through shared memory, "
+                "register-tiled S and O, masked tiles skipped",
+    dtypes=(torch.float32,), head_dims=(1, MAX_HEAD_DIM),
+    extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,   # only lse beyond O
+)(numba_tiled)
+
+__all__ = ["TileConfig", "HEAD_DIM_BUCKETS", "MAX_HEAD_DIM", "build_kernel", "config_for", "head_dim_bucket",
+           "launch_tiled", "numba_tiled", "hbm_bytes", "simulator_speed", "GPU_CONFIGS", "CPU_CONFIGS"]
