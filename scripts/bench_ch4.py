@@ -1,0 +1,253 @@
+"""Record chapter 4 on a GPU: the Triton kernel against PyTorch SDPA (flash and cuDNN backends),
+the chapter's steps, and the autotuner's measurements.
+
+    python scripts/bench_ch4.py [--out DIR] [--tune] [--configs-out FILE] [--no-steps]
+
+Every peer in a row gets the same q, k, v and is timed the same way (fa_lab.timing.time_fn:
+triton.testing.do_bench, L2 cleared between calls, median).  Writes gpu_ch4.json
+(fa_lab.recorded format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
+benchmark touches again (instead of using the cached winners) and ``--configs-out`` writes
+the winners in the format of fa_lab/data/triton_fwd_configs.json.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import fa_lab  # noqa: F401  (first: picks the world)
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from fa_lab import recorded, triton_fwd
+from fa_lab.flops import attention_flops
+from fa_lab.testing import random_qkv
+from fa_lab.timing import time_fn
+from fa_lab.triton_steps import STEPS
+
+# (batch, heads, seq, head_dim, causal): the issue's table, then the small-shape latency row
+ROWS = [
+    (4, 16, 4096, 128, False),
+    (1, 16, 16384, 128, False),
+    (4, 16, 4096, 128, True),
+    (4, 32, 4096, 64, True),
+    (1, 8, 512, 64, False),
+]
+STEP_ROWS = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
+PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+
+
+def sdpa(backend):
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def ours(name):
+    def run(q, k, v, causal):
+        return fa_lab.attention(q, k, v, impl=name, causal=causal)
+    return run
+
+
+def measure(fn, q, k, v, causal, row, dtype, impl, section, ref=None):
+    B, H, N, D, _ = row
+    rec = dict(section=section, impl=impl, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
+               causal=causal)
+    try:
+        out = fn(q, k, v, causal)
+        if ref is not None:
+            rec["max_abs_diff_vs_sdpa_flash"] = float((out.float() - ref.float()).abs().max())
+        rec.update(time_fn(lambda: fn(q, k, v, causal)))
+        rec["tflops"] = attention_flops(B, H, N, N, D, causal=causal) / (rec["ms"] * 1e-3) / 1e12
+        rec["status"] = "ok"
+    except Exception as exc:  # a peer that cannot run a row is a fact, not a crash
+        rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+    torch.cuda.empty_cache()
+    return rec
+
+
+def tune_row(row, dtype, variant, candidates=None):
+    """Tune the key of this row again; returns the tuner's log entries for it."""
+    B, H, N, D, causal = row
+    q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=0)
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    start = len(triton_fwd.TUNING_LOG)
+    t0 = time.perf_counter()
+    triton_fwd.triton_forward(q, k, v, spec, variant=variant, retune=True, candidates=candidates)
+    torch.cuda.synchronize()
+    log = triton_fwd.TUNING_LOG[start:]
+    print(f"tuned {log[0]['key'] if log else '?'}: {len(log)} configs in {time.perf_counter() - t0:.1f}s", flush=True)
+    flops = attention_flops(B, H, N, N, D, causal=causal)
+    return [dict(section="tuning", variant=variant.name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
+                 causal=causal, **e, tflops=(flops / (e["ms"] * 1e-3) / 1e12) if e.get("ms") else None)
+            for e in log]
+
+
+def top_configs(log, n):
+    out = []
+    for e in sorted((e for e in log if e.get("ms")), key=lambda e: e["ms"]):
+        cfg = {k: e[k] for k in triton_fwd.CONFIG_KEYS if k in e}
+        if cfg not in out:
+            out.append(cfg)
+    return out[:n]
+
+
+def kernel_facts(row=(4, 16, 4096, 128, False), dtype="float16"):
+    """What the compiler made of tl.dot: Tensor Core instructions, copies and resources, per variant."""
+    import re
+    from collections import Counter
+
+    from fa_lab.triton_steps import VARIANTS
+
+    B, H, N, D, causal = row
+    q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    out = []
+    for variant in (VARIANTS["triton_desc"], triton_fwd.FINAL):
+        launch, o, lse, work = triton_fwd.make_launcher(q, k, v, spec, variant=variant)
+        cfg = triton_fwd.choose_config(launch, spec, work, variant)
+        kern = launch(cfg, warmup=True)
+        ptx = kern.asm["ptx"]
+        rec = dict(section="kernel", impl=variant.name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
+                   causal=causal, config=dict(cfg), shared_bytes=kern.metadata.shared,
+                   wgmma=dict(Counter(m.group(1) for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                   mma_sync=dict(Counter(m.group(1) for m in re.finditer(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                   tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
+                   tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
+                   ex2=len(re.findall(r"\bex2\.approx", ptx)))
+        try:
+            rec.update(registers=kern.n_regs, spills=kern.n_spills)
+        except Exception:  # attributes that need the kernel loaded differ between Triton versions
+            pass
+        out.append(rec)
+        print("kernel", rec, flush=True)
+    return out
+
+
+def host_overhead(row=(1, 8, 512, 64, False), calls=400):
+    """Where a small call's time goes: host microseconds per call of each layer.
+
+    Back-to-back calls with one synchronize at the end: for a kernel this small the GPU
+    finishes first, so the time per call is the host's (Python, argument packing, launch).
+    Also the GPU-only time of each, from a CUDA graph replay.
+    """
+    import triton.testing
+
+    B, H, N, D, causal = row
+    q, k, v = random_qkv(B, H, N, N, D, dtype=torch.float16, device="cuda", seed=1)
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    launch, o, lse, work = triton_fwd.make_launcher(q, k, v, spec)
+    cfg = triton_fwd.choose_config(launch, spec, work, triton_fwd.FINAL)
+    layers = {
+        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+        "fa_lab.attention(impl='triton')": lambda: fa_lab.attention(q, k, v, impl="triton", causal=causal),
+        "triton_forward(q, k, v, spec)": lambda: triton_fwd.triton_forward(q, k, v, spec),
+        "launch(cfg): descriptors + kernel launch": lambda: launch(cfg),
+        "make_spec alone": lambda: fa_lab.make_spec(q, k, v, causal=causal),
+    }
+    out = []
+    for name, fn in layers.items():
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - t0) / calls * 1e6
+        rec = dict(section="host", impl=name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype="float16",
+                   causal=causal, host_us_per_call=us, config=dict(cfg))
+        if not name.startswith("make_spec"):
+            try:
+                rec["gpu_us_cudagraph"] = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+            except Exception as exc:
+                rec["gpu_us_cudagraph"] = None
+                rec["status"] = f"cudagraph: {type(exc).__name__}: {str(exc)[:120]}"
+        out.append(rec)
+        print(f"host {name:45s} {us:7.1f} us/call  gpu {rec.get('gpu_us_cudagraph') or float('nan'):6.1f} us",
+              flush=True)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="directory for gpu_ch4.json (default: fa_lab/data)")
+    parser.add_argument("--tune", action="store_true", help="tune every key again instead of using cached configs")
+    parser.add_argument("--configs-out", default=None, help="write the tuned configs (shipped-cache format) here")
+    parser.add_argument("--no-steps", action="store_true", help="skip the chapter's step-by-step rows")
+    parser.add_argument("--rows", default=None, help="comma-separated row indices to run (default: all)")
+    args = parser.parse_args(argv)
+    if not fa_lab.ON_GPU:
+        sys.exit("bench_ch4 records GPU numbers: run it on a machine with a CUDA GPU")
+    out_dir = args.out
+    records = []
+    rows = ROWS if args.rows is None else [ROWS[int(i)] for i in args.rows.split(",")]
+
+    def flush():
+        recorded.save("gpu_ch4", records, command="python scripts/bench_ch4.py" + (" --tune" if args.tune else ""),
+                      directory=out_dir, rows=[list(r) for r in ROWS])
+
+    if args.tune:
+        for row in rows:
+            log16 = tune_row(row, "float16", triton_fwd.FINAL)
+            records += log16
+            records += tune_row(row, "bfloat16", triton_fwd.FINAL, candidates=top_configs(log16, 4))
+            flush()
+        if not args.no_steps:
+            from fa_lab.triton_steps import VARIANTS
+            for row in STEP_ROWS:
+                records += tune_row(row, "float16", VARIANTS["triton_autotuned"])
+            flush()
+
+    for dtype in ("float16", "bfloat16"):
+        for row in rows:
+            B, H, N, D, causal = row
+            q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
+            ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
+            for name, backend in PEERS.items():
+                records.append(measure(sdpa(backend), q, k, v, causal, row, dtype, name, "peers"))
+            records.append(measure(ours("triton"), q, k, v, causal, row, dtype, "triton", "peers", ref=ref))
+            del q, k, v, ref
+            flush()
+            r = {rec["impl"]: rec.get("tflops") for rec in records[-3:]}
+            print(f"{dtype} {row}: " + "  ".join(f"{n} {t:.0f}" if t else f"{n} -" for n, t in r.items()), flush=True)
+
+    records += host_overhead()
+    try:
+        records += kernel_facts()
+    except Exception as exc:
+        print("kernel facts failed:", type(exc).__name__, exc, flush=True)
+    flush()
+
+    if not args.no_steps:
+        for row in STEP_ROWS:
+            B, H, N, D, causal = row
+            q, k, v = random_qkv(B, H, N, N, D, dtype=torch.float16, device="cuda", seed=1)
+            for name, _ in STEPS:
+                rec = measure(ours(name), q, k, v, causal, row, "float16", name, "steps")
+                records.append(rec)
+                print(f"step {name} {row}: {rec.get('tflops') or rec['status']}", flush=True)
+            del q, k, v
+            flush()
+
+    flush()
+    if args.configs_out:
+        device = torch.cuda.get_device_name()
+        shipped = json.loads(triton_fwd.ConfigCache.SHIPPED.read_text()) if triton_fwd.ConfigCache.SHIPPED.exists() \
+            else {"configs": {}}
+        shipped.setdefault("configs", {}).setdefault(device, {}).update(
+            triton_fwd.CACHE.user_entries().get(device, {}))
+        shipped["note"] = ("winning launch configs per device and key (dtype|D_PAD|Nq bucket|Nk bucket|mask|space), "
+                           "written by scripts/bench_ch4.py --tune --configs-out")
+        with open(args.configs_out, "w") as f:
+            json.dump(shipped, f, indent=1, sort_keys=True)
+    peers = [r for r in records if r["section"] == "peers" and r["status"] == "ok"]
+    for r in peers:
+        print(f"{r['dtype']:9s} {r['batch']},{r['heads']},{r['n_q']},{r['head_dim']} causal={r['causal']!s:5s} "
+              f"{r['impl']:11s} {r['ms'] * 1e3:9.1f} us {r['tflops']:6.1f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

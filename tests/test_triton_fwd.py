@@ -1,0 +1,255 @@
+"""Chapter 4's Triton forward against the float64 reference.
+
+In the CPU world these run in the Triton interpreter with 16×16 tiles, so shapes stay small
+but span several tiles: tails (lengths that are not multiples of 16), Nq != Nk both ways,
+every mask, GQA, head dims 16..256 including 40 and 80, fp16, bf16 and fp32.
+(tests/test_attention.py already runs every registered step on the generic cases.)
+"""
+import math
+
+import pytest
+import torch
+
+import fa_lab
+from fa_lab import triton_fwd
+from fa_lab.reference import reference_attention
+from fa_lab.testing import assert_close, random_qkv
+from fa_lab.triton_fwd import Variant, triton_forward
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+MASKS = [
+    dict(),
+    dict(causal=True),
+    dict(window=(5, 0)),
+    dict(window=(0, 0)),
+    dict(window=(7, 20)),
+    dict(window=(-1, 3)),
+    dict(window=(20, -1)),
+    dict(causal=True, window=(11, -1)),
+]
+
+
+def check(q, k, v, impl="triton", **mask):
+    o, lse = fa_lab.attention(q, k, v, impl=impl, return_lse=True, **mask)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    assert_close(o, ref_o, q.dtype, what=f"{impl} O")
+    assert_close(lse, ref_lse, q.dtype, what=f"{impl} lse")
+    return o, lse
+
+
+@pytest.mark.parametrize("head_dim", [16, 40, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_head_dims_and_dtypes(head_dim, dtype):
+    q, k, v = random_qkv(1, 2, 19, 37, head_dim, kv_heads=1, dtype=dtype, seed=head_dim)
+    check(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+@pytest.mark.parametrize("n_q,n_k", [(45, 45), (33, 70), (70, 33), (1, 50), (50, 1), (64, 64)])
+def test_masks_tails_and_lengths(mask, n_q, n_k):
+    q, k, v = random_qkv(1, 4, n_q, n_k, 32, kv_heads=2, dtype=torch.float16, seed=n_q * 100 + n_k)
+    check(q, k, v, **mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(6, 2))], ids=str)
+def test_gqa_and_batches(dtype, mask):
+    q, k, v = random_qkv(2, 6, 21, 29, 16, kv_heads=2, dtype=dtype, seed=5)
+    check(q, k, v, **mask)
+
+
+@pytest.mark.parametrize("impl", ["triton_minimal", "triton_desc", "triton_exp2", "triton_skip",
+                                  "triton_autotuned", "triton"])
+def test_every_step_on_a_multi_block_case(impl):
+    q, k, v = random_qkv(1, 4, 40, 53, 40, kv_heads=2, dtype=torch.bfloat16, seed=9)
+    for mask in (dict(causal=True), dict(window=(9, 4))):
+        check(q, k, v, impl=impl, **mask)
+
+
+def test_rows_without_keys_are_zero_with_lse_minus_inf():
+    q, k, v = random_qkv(1, 2, 40, 10, 16, dtype=torch.float16, seed=3)
+    o, lse = check(q, k, v, causal=True)           # rows 0..29 sit before the first key
+    assert torch.all(o[:, :, :30] == 0) and torch.all(torch.isneginf(lse[:, :, :30]))
+    o, lse = check(q, k, v, window=(0, 0))          # a zero-width window: one key per row, or none
+    assert torch.isfinite(o).all()
+
+
+def test_masked_blocks_are_never_read():
+    # NaN in the keys/values of the last key tile: the causal kernel must not even load that
+    # tile for query tiles that cannot see it (0 * NaN would poison them), while the plain
+    # loop that visits every block does.
+    if fa_lab.ON_GPU:
+        pytest.skip("tile sizes differ on the GPU; the CPU interpreter uses 16x16 tiles")
+    q, k, v = random_qkv(1, 1, 64, 64, 16, dtype=torch.float16, seed=4)
+    v = v.clone()
+    v[:, :, 48:] = float("nan")
+    spec = fa_lab.make_spec(q, k, v, causal=True)
+    o, _ = triton_forward(q, k, v, spec)
+    assert torch.isfinite(o[:, :, :48]).all() and torch.isnan(o[:, :, 48:]).any()
+    o, _ = triton_forward(q, k, v, spec, variant=Variant("plain", skip_masked=False, space="fixed"))
+    assert torch.isnan(o[:, :, :48]).any()
+
+
+@pytest.mark.parametrize("host_desc", [True, False])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(9, 4))], ids=str)
+def test_descriptors_built_on_the_host_or_in_the_kernel(host_desc, mask):
+    # host: one (B·H·N, D) descriptor per tensor, tiles may run into the next head's rows;
+    # kernel: one per head, zero-filled past the sequence
+    q, k, v = random_qkv(2, 4, 37, 45, 40, kv_heads=2, dtype=torch.float16, seed=11)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    o, lse = triton_forward(q, k, v, spec, host_desc=host_desc)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.float16)
+    assert_close(lse, ref_lse, torch.float16)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(70, 70), (45, 80), (80, 45), (16, 16), (1, 30)])
+def test_paired_causal_blocks(n_q, n_k):
+    # config 'paired': query blocks i and last-i share one program (balanced causal work)
+    q, k, v = random_qkv(1, 2, n_q, n_k, 32, kv_heads=1, dtype=torch.float16, seed=n_q + n_k)
+    for mask in (dict(causal=True), dict(causal=True, window=(20, -1))):
+        spec = fa_lab.make_spec(q, k, v, **mask)
+        cfg = dict(triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG, paired=True)
+        o, lse = triton_forward(q, k, v, spec, config=cfg)
+        ref_o, ref_lse = reference_attention(q, k, v, spec)
+        assert_close(o, ref_o, torch.float16)
+        assert_close(lse, ref_lse, torch.float16)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.3, 2.5])
+def test_any_scale(scale):
+    q, k, v = random_qkv(1, 2, 20, 31, 16, dtype=torch.float32, seed=6)
+    o, lse = fa_lab.attention(q, k, v, impl="triton", causal=True, scale=scale, return_lse=True)
+    ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=True, scale=scale))
+    assert_close(o, ref_o, torch.float32)
+    assert_close(lse, ref_lse, torch.float32)
+
+
+def test_non_contiguous_inputs():
+    q, k, v = random_qkv(2, 3, 17, 17, 32, dtype=torch.float16, seed=8)
+    # a (batch, seq, heads, dim) layout viewed as (batch, heads, seq, dim)
+    q2, k2, v2 = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    assert not q2.is_contiguous()
+    check(q2, k2, v2, causal=True)
+
+
+def test_fp32_precision_knob():
+    q, k, v = random_qkv(1, 2, 18, 18, 16, dtype=torch.float32, seed=2)
+    o = triton_fwd.flash_attention(q, k, v, causal=True, precision="ieee")
+    ref = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=True))[0]
+    assert_close(o, ref, torch.float32)
+    o32 = triton_fwd.flash_attention(q, k, v, causal=True, precision="tf32")
+    assert (o32.double() - ref).abs().max() < 5e-3  # TF32: 10-bit mantissa on the GPU
+    with pytest.raises(ValueError, match="precision"):
+        triton_fwd.flash_attention(q, k, v, precision="fp64")
+
+
+@pytest.mark.parametrize("head_dim,dtype,words", [
+    (20, torch.float16, "multiple of 8"),
+    (8, torch.float16, "head dims 16..256"),
+    (320, torch.float16, "head dims 16..256"),
+    (16, torch.float64, "supports dtypes"),
+])
+def test_what_it_cannot_do_is_a_clear_value_error(head_dim, dtype, words):
+    q, k, v = random_qkv(1, 1, 4, 4, head_dim, dtype=dtype)
+    with pytest.raises(ValueError, match=words):
+        fa_lab.attention(q, k, v, impl="triton")
+
+
+def test_triton_forward_contract_for_the_backward():
+    # chapter 5 calls triton_forward(q, k, v, spec) -> (o, lse): lse float32, natural log
+    q, k, v = random_qkv(1, 2, 9, 12, 16, dtype=torch.float16, seed=1)
+    spec = fa_lab.make_spec(q, k, v, causal=True)
+    o, lse = triton_forward(q, k, v, spec)
+    assert o.dtype == torch.float16 and lse.dtype == torch.float32 and lse.shape == (1, 2, 9)
+    s = (q.double() @ k.double().transpose(-1, -2)) * spec.scale
+    s = s.masked_fill(~fa_lab.visible(9, 12, -1, 0), float("-inf"))
+    assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-2)
+
+
+def test_config_cache_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA_LAB_CACHE_DIR", str(tmp_path))
+    cache = triton_fwd.ConfigCache()
+    cfg = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, ws=False)
+    cache.put("Some GPU", "float16|d128|q4096|k4096|causal|pipelined", dict(cfg, ms=1.0))
+    again = triton_fwd.ConfigCache()  # a fresh process reads the file
+    assert again.get("Some GPU", "float16|d128|q4096|k4096|causal|pipelined") == cfg
+    assert again.get("Other GPU", "float16|d128|q4096|k4096|causal|pipelined") is None
+
+
+def test_config_keys_bucket_lengths_and_separate_what_matters():
+    q, k, v = random_qkv(1, 1, 3000, 3000, 40, dtype=torch.float16, device="meta")
+    key = triton_fwd.config_key(fa_lab.make_spec(q, k, v, causal=True), torch.float16, "pipelined")
+    assert key == "float16|d64|q4096|k4096|causal|pipelined"
+    key2 = triton_fwd.config_key(fa_lab.make_spec(q, k, v), torch.bfloat16, "pipelined")
+    assert key2 != key
+
+
+@pytest.mark.parametrize("space", ["tuned", "pipelined"])
+@pytest.mark.parametrize("d_pad", [16, 64, 128, 256])
+def test_candidate_configs_are_pruned(space, d_pad):
+    cands = triton_fwd.candidate_configs(space, d_pad, 2)
+    assert cands
+    for c in cands:
+        assert not (c["BLOCK_M"] * c["BLOCK_N"] < 128 * 128 and c["num_warps"] == 8)
+        assert c["num_stages"] == 1 or space == "pipelined"
+    assert any(c["num_stages"] > 1 for c in cands) == (space == "pipelined")
+
+
+def test_shipped_configs_file_is_valid():
+    path = triton_fwd.ConfigCache.SHIPPED
+    if not path.exists():
+        pytest.skip("no shipped configs yet")
+    import json
+
+    for device, table in json.loads(path.read_text())["configs"].items():
+        for key, cfg in table.items():
+            assert len(key.split("|")) == 6, key
+            assert {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} <= set(cfg), (device, key)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,mask", [
+    ((2, 8, 2, 1000, 1000, 128), dict(causal=True)),
+    ((1, 4, 4, 333, 1021, 80), dict(window=(100, 50))),
+    ((1, 4, 1, 1021, 333, 64), dict(causal=True)),
+    ((2, 2, 2, 1, 4096, 256), dict()),
+    ((1, 2, 2, 300, 300, 40), dict(causal=True, window=(64, -1))),
+])
+def test_gpu_real_sizes(dtype, shape, mask, monkeypatch):
+    monkeypatch.setenv("FA_LAB_TRITON_AUTOTUNE", "0")  # the default configs; tuning is the benchmark's job
+    B, H, Hkv, Nq, Nk, D = shape
+    q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, dtype=dtype, seed=math.prod(shape))
+    for impl in ("triton", "triton_minimal"):
+        check(q, k, v, impl=impl, **mask)
+
+
+def test_key_block_ranges_cover_every_visible_key_once_and_skip_the_rest():
+    # the Python mirror of the kernel's loop bounds, on random shapes, masks and tiles
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        bm, bn = rng.choice([16, 64, 128]), rng.choice([16, 32, 64, 128])
+        n_q, n_k = rng.randint(1, 300), rng.randint(1, 300)
+        left, right = rng.choice([-1, rng.randint(0, 200)]), rng.choice([-1, 0, rng.randint(0, 200)])
+        ok = fa_lab.visible(n_q, n_k, left, right)
+        for m0 in range(0, n_q, bm):
+            lo, mid_lo, mid_hi, hi = triton_fwd.key_block_ranges(m0, bm, bn, n_q, n_k, left, right)
+            rows = ok[m0:m0 + bm]
+            blocks = {s: True for s in range(lo, mid_lo, bn)}
+            blocks.update({s: False for s in range(mid_lo, mid_hi, bn)})
+            blocks.update({s: True for s in range(mid_hi, hi, bn)})
+            assert len(blocks) == len(range(lo, mid_lo, bn)) + len(range(mid_lo, mid_hi, bn)) + len(range(mid_hi, hi, bn))
+            seen = torch.zeros(n_k, dtype=torch.bool)
+            for s, masked in blocks.items():
+                assert s % bn == 0
+                tile = rows[:, s:s + bn]
+                assert tile.any(), "a block no row sees is visited"
+                assert masked or (tile.all() and s + bn <= n_k), "a mask-free block hides a key"
+                seen[s:s + bn] = True
+            assert not (rows.any(0) & ~seen).any(), "a visible key is never visited"
