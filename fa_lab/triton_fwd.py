@@ -20,7 +20,9 @@ What the final kernel adds to the textbook loop (each step is measured in chapte
   at all), the blocks on the diagonal / right edge / the sequence tail (masked).  Blocks no
   row can see are never loaded.
 * **Autotuning** of tile sizes, warps and software-pipelining depth per
-  (head dim, sequence-length bucket, dtype, mask), with the winners kept in a JSON cache.
+  (head dim, sequence-length bucket, dtype, mask), with the winners kept in a JSON cache;
+  for causal masks the tuner also tries pairing query blocks ``i`` and ``last - i`` in one
+  program (equal work per program).
 
 Conventions (DESIGN.md): bottom-right causal, ``window=(left, right)``, grouped-query
 attention by head arithmetic (``kv_head = head // group``; K and V are never copied per
