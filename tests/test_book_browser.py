@@ -179,6 +179,23 @@ def test_internal_links_resolve(book_build):
     assert not broken, "broken internal links:\n" + "\n".join(broken)
 
 
+def test_chapters_link_their_exercises(book_build):
+    """book/NN_x links to exercises/NN_y, for every exercises notebook in the table of contents."""
+    chapters = {f.split("/")[1][:2]: f for f in _toc_files() if f.startswith("book/")}
+    missing = []
+    for ex in (f for f in _toc_files() if f.startswith("exercises/")):
+        chapter = chapters.get(ex.split("/")[1][:2])
+        page = HTML / f"{chapter}.html"
+        if chapter is None or not page.exists():
+            missing.append(f"{ex}: no chapter page with its number")
+            continue
+        html = page.read_text(encoding="utf-8")
+        article = html[html.find("<article"):html.find("</article>")]  # the page, not the sidebar
+        if f'href="../{ex}.html' not in article:
+            missing.append(f"{chapter} does not link to {ex}")
+    assert not missing, "\n".join(missing)
+
+
 # --------------------------------------------------------------------------- in the browser
 
 
