@@ -10,14 +10,22 @@
 # (seconds for the test suite, default 150), NBVAL_BOOK=1 (also run book/ under nbval: the notebooks
 # above already ran every cell of it).
 #
-# A machine without jupyter (the lent GPU machines have torch/triton/numba but no nbclient,
-# ipykernel or nbval) gets them from wheels in .whl/notebooks/, made on the developer's machine:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl/notebooks nbclient nbformat jupyter_client jupyter_core ipykernel ipython nbval ...
-# (the full list, with versions, is in the closing note of issue 9).
+# A machine without jupyter (the lent GPU machines have torch/triton/numba/pytest but no nbclient,
+# ipykernel or nbval) gets them from wheels in .whl/notebooks/ (git-ignored), fetched beforehand on a
+# machine with pip and a network by `bash scripts/gpu_run_notebooks.sh --fetch-wheels` (CPython 3.12).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+WHEELS="asttokens==3.0.1 comm==0.2.3 debugpy==1.8.22 decorator==5.2.1 executing==2.2.1 fastjsonschema==2.22.3
+  ipykernel==7.4.0 ipython==8.18.1 jedi==0.20.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1
+  jupyter-client==8.10.0 jupyter-core==5.9.1 matplotlib-inline==0.2.2 nbclient==0.11.0 nbformat==5.11.1
+  nbval==0.11.0 nest-asyncio2==1.7.4 parso==0.8.7 pexpect==4.8.0 platformdirs==4.14.7 prompt-toolkit==3.0.52
+  ptyprocess==0.7.0 pure-eval==0.2.3 pyzmq==27.3.0 referencing==0.37.0 rpds-py==0.30.0 stack-data==0.6.3
+  tornado==6.6.1 traitlets==5.15.0 wcwidth==0.7.0"
+if [ "${1:-}" = --fetch-wheels ]; then
+  exec "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl/notebooks $WHEELS
+fi
 OUTDIR=${1:-${OUT:-_build/gpu_run}}
 [ $# -gt 0 ] && shift  # the rest goes to gpu_run_notebooks.py (e.g. --allow-cpu for a dry run here)
 PY=${PYTHON:-python3}
