@@ -1,0 +1,390 @@
+"""Chapter 5: the FlashAttention-2 backward pass in Triton, deterministic (no atomics).
+
+Three kernels, all recomputing P = exp(S - lse) from Q, K and the saved lse:
+
+1. ``_bwd_preprocess``: D = rowsum(dO ∘ O) per query row, and the lse in base 2
+   (``+inf`` for a row that sees no key, so that its P is 0 rather than NaN).
+2. ``_bwd_dkdv``: **K/V-stationary**.  A program owns one block of keys, keeps K_j, V_j,
+   dK_j and dV_j on chip, and walks every query block that sees it — for *every query
+   head of its GQA group*, so the group's sum happens in registers:
+   dV_j += Pᵀ dO,  dK_j += dSᵀ Q.
+3. ``_bwd_dq``: **Q-stationary**.  A program owns one block of queries and walks the key
+   blocks it sees: dQ_i += dS K.
+
+FlashAttention-2 computes dQ inside the K/V loop with ``atomicAdd``, whose order (and so
+whose rounding) changes from run to run.  Here every gradient element is written by
+exactly one program, in a fixed order: the gradients are bit-identical run to run, at the
+price of recomputing QKᵀ and dO Vᵀ in the dQ kernel (7 matmuls instead of 5).
+
+Each key/query loop runs in three phases — masked blocks, full blocks, masked blocks —
+so that only the blocks on a mask's edge (or a sequence's tail) pay for the mask.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .world import ON_GPU
+
+LOG2E = 1.4426950408889634   # exp(x) = exp2(x · log2 e): exp2 is the fast instruction
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    H, N_Q,
+                    HEAD_DIM: tl.constexpr, HAS_DLSE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_rows = offs_m < N_Q
+    mask = in_rows[:, None] & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=mask, other=0.0).to(tl.float32)
+    row = bh.to(tl.int64) * N_Q + offs_m
+    delta = tl.sum(o * do, axis=1)
+    if HAS_DLSE:   # a gradient on lse adds P ∘ dlse to dS: the same as D - dlse
+        delta -= tl.load(DLSE + row, mask=in_rows, other=0.0)
+    tl.store(Delta + row, delta, mask=in_rows)
+    lse = tl.load(LSE + row, mask=in_rows, other=0.0)
+    tl.store(LSE2 + row, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), mask=in_rows)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta,
+                stride_qm, stride_qd, stride_dom, stride_dod,
+                start_m, offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr,
+                PRECISION: tl.constexpr):
+    """One query block against this program's key block; works on the transposes (keys as rows)."""
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    ld = offs_d[:, None] < HEAD_DIM
+    if MASK:
+        ld = ld & (offs_m[None, :] < N_Q)
+    qT = tl.load(Q + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd, mask=ld, other=0.0)
+    doT = tl.load(DO + offs_m[None, :] * stride_dom + offs_d[:, None] * stride_dod, mask=ld, other=0.0)
+    if MASK:
+        lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))
+        Di = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)
+    else:
+        lse2 = tl.load(LSE2 + offs_m)
+        Di = tl.load(Delta + offs_m)
+    # Sᵀ and Pᵀ: (BLOCK_N keys, BLOCK_M queries), P recomputed from the saved lse
+    pT = tl.math.exp2(tl.dot(k, qT, input_precision=PRECISION) * qk_scale - lse2[None, :])
+    if MASK:
+        # (rows past N_Q need no mask: their lse2 is +inf, so their P is already 0)
+        diag = offs_m[None, :] + (N_K - N_Q)     # the key each query row sits at (bottom-right)
+        if HAS_LEFT:
+            pT = tl.where(offs_n[:, None] >= diag - WIN_LEFT, pT, 0.0)
+        if HAS_RIGHT:
+            pT = tl.where(offs_n[:, None] <= diag + WIN_RIGHT, pT, 0.0)
+    dv += tl.dot(pT.to(doT.dtype), tl.trans(doT), input_precision=PRECISION)
+    dpT = tl.dot(v, doT, input_precision=PRECISION)
+    dsT = pT * (dpT - Di[None, :])
+    dk += tl.dot(dsT.to(qT.dtype), tl.trans(qT), input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
+              stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_dob, stride_doh, stride_dom, stride_dod,
+              stride_gb, stride_gh, stride_gn, stride_gd,     # dK and dV: one contiguous layout
+              H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
+              HEAD_DIM: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bhk = tl.program_id(1)
+    b = (bhk // HKV).to(tl.int64)
+    hk = (bhk % HKV).to(tl.int64)
+    group = H // HKV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    # Query rows that see some key of this block: [lo, hi).  Rows in [full_lo, full_hi) see
+    # all of them, so their blocks skip the mask.  (Keys past N_K need no mask here: their
+    # dK/dV rows are never stored.)
+    shift = N_K - N_Q
+    lo = 0
+    hi = N_Q
+    full_lo = 0
+    full_hi = N_Q
+    if HAS_RIGHT:
+        lo = tl.maximum(start_n - shift - WIN_RIGHT, 0)
+        full_lo = start_n + BLOCK_N - 1 - shift - WIN_RIGHT
+    if HAS_LEFT:
+        hi = tl.minimum(start_n + BLOCK_N - shift + WIN_LEFT, N_Q)
+        full_hi = start_n - shift + WIN_LEFT + 1
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), tl.maximum(hi, lo))
+    full_hi = tl.minimum(full_hi, hi)
+    mid = lo + tl.cdiv(full_lo - lo, BLOCK_M) * BLOCK_M
+    end_mid = mid + tl.maximum(full_hi - mid, 0) // BLOCK_M * BLOCK_M
+
+    # One flat loop per phase over (query head of the group, query block): the group's sum happens
+    # in registers, and a flat loop keeps fewer registers live than two nested ones.
+    n_pre = (mid - lo) // BLOCK_M
+    n_mid = (end_mid - mid) // BLOCK_M
+    n_post = tl.cdiv(tl.maximum(hi - end_mid, 0), BLOCK_M)
+    q_ptr = Q + b * stride_qb + hk * group * stride_qh
+    do_ptr = DO + b * stride_dob + hk * group * stride_doh
+    row_ptr = (b * H + hk * group) * N_Q
+    for it in range(0, group * n_pre):
+        # max(.., 1): without a mask n_pre is the constant 0, and a division by a constant 0 is
+        # undefined behaviour the compiler may exploit even in a loop that never runs (it did, on an H100)
+        g = it // tl.maximum(n_pre, 1)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr + g * stride_qh, do_ptr + g * stride_doh,
+                             LSE2 + row_ptr + g * N_Q, Delta + row_ptr + g * N_Q,
+                             stride_qm, stride_qd, stride_dom, stride_dod, lo + (it - g * n_pre) * BLOCK_M,
+                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
+                             HAS_LEFT, HAS_RIGHT, True, PRECISION)
+    for it in range(0, group * n_mid):
+        g = it // tl.maximum(n_mid, 1)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr + g * stride_qh, do_ptr + g * stride_doh,
+                             LSE2 + row_ptr + g * N_Q, Delta + row_ptr + g * N_Q,
+                             stride_qm, stride_qd, stride_dom, stride_dod, mid + (it - g * n_mid) * BLOCK_M,
+                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
+                             HAS_LEFT, HAS_RIGHT, False, PRECISION)
+    for it in range(0, group * n_post):
+        g = it // tl.maximum(n_post, 1)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr + g * stride_qh, do_ptr + g * stride_doh,
+                             LSE2 + row_ptr + g * N_Q, Delta + row_ptr + g * N_Q,
+                             stride_qm, stride_qd, stride_dom, stride_dod, end_mid + (it - g * n_post) * BLOCK_M,
+                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
+                             HAS_LEFT, HAS_RIGHT, True, PRECISION)
+
+    out = b * stride_gb + hk * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :] * stride_gd
+    tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, Di, K, V,
+              stride_kn, stride_kd, stride_vn, stride_vd,
+              start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """This program's query block against one key block."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    ld = offs_d[:, None] < HEAD_DIM
+    if MASK:
+        ld = ld & (offs_n[None, :] < N_K)
+    kT = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=ld, other=0.0)
+    vT = tl.load(V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=ld, other=0.0)
+    p = tl.math.exp2(tl.dot(q, kT, input_precision=PRECISION) * qk_scale - lse2[:, None])
+    if MASK:   # keys past N_K are zeros, whose exp is not: they need the mask too
+        diag = offs_m[:, None] + (N_K - N_Q)
+        ok = offs_n[None, :] < N_K
+        if HAS_LEFT:
+            ok = ok & (offs_n[None, :] >= diag - WIN_LEFT)
+        if HAS_RIGHT:
+            ok = ok & (offs_n[None, :] <= diag + WIN_RIGHT)
+        p = tl.where(ok, p, 0.0)
+    dp = tl.dot(do, vT, input_precision=PRECISION)
+    ds = p * (dp - Di[:, None])
+    dq += tl.dot(ds.to(kT.dtype), tl.trans(kT), input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
+            stride_qb, stride_qh, stride_qm, stride_qd,
+            stride_kb, stride_kh, stride_kn, stride_kd,
+            stride_vb, stride_vh, stride_vn, stride_vd,
+            stride_dob, stride_doh, stride_dom, stride_dod,
+            stride_gb, stride_gh, stride_gm, stride_gd,
+            H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
+            HEAD_DIM: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if HAS_RIGHT:   # causal-like: the last query blocks see the most keys; start them first
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    bh = tl.program_id(1)
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    hk = h // (H // HKV)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_rows = offs_m < N_Q
+    qd_mask = in_rows[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=qd_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=qd_mask, other=0.0)
+    row = (b * H + h) * N_Q + offs_m
+    lse2 = tl.load(LSE2 + row, mask=in_rows, other=float("inf"))   # rows past N_Q: P = 0
+    Di = tl.load(Delta + row, mask=in_rows, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Keys that some row of this block sees: [lo, hi); all rows see [full_lo, full_hi).
+    shift = N_K - N_Q
+    end_m = tl.minimum(start_m + BLOCK_M, N_Q)
+    lo = 0
+    hi = N_K
+    full_lo = 0
+    full_hi = N_K
+    if HAS_LEFT:
+        lo = tl.maximum(start_m + shift - WIN_LEFT, 0)
+        full_lo = start_m + BLOCK_M - 1 + shift - WIN_LEFT
+    if HAS_RIGHT:
+        hi = tl.minimum(end_m + shift + WIN_RIGHT, N_K)
+        full_hi = start_m + shift + WIN_RIGHT + 1
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), tl.maximum(hi, lo))
+    full_hi = tl.minimum(full_hi, hi)
+    mid = lo + tl.cdiv(full_lo - lo, BLOCK_N) * BLOCK_N
+    end_mid = mid + tl.maximum(full_hi - mid, 0) // BLOCK_N * BLOCK_N
+
+    k_ptr = K + b * stride_kb + hk * stride_kh
+    v_ptr = V + b * stride_vb + hk * stride_vh
+    for start_n in range(lo, mid, BLOCK_N):
+        dq = _dq_inner(dq, q, do, lse2, Di, k_ptr, v_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+                       start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_N, BLOCK_D,
+                       HAS_LEFT, HAS_RIGHT, True, PRECISION)
+    for start_n in range(mid, end_mid, BLOCK_N):
+        dq = _dq_inner(dq, q, do, lse2, Di, k_ptr, v_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+                       start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_N, BLOCK_D,
+                       HAS_LEFT, HAS_RIGHT, False, PRECISION)
+    for start_n in range(end_mid, hi, BLOCK_N):
+        dq = _dq_inner(dq, q, do, lse2, Di, k_ptr, v_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+                       start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_N, BLOCK_D,
+                       HAS_LEFT, HAS_RIGHT, True, PRECISION)
+
+    tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd,
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=qd_mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+
+#: GPU tile configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, by padded head dim and
+#: element size.  dK/dV keeps two (BLOCK_N, D) fp32 accumulators in registers, dQ one (BLOCK_M, D):
+#: candidates are the tiles that compile for sm_90 without spilling registers (Triton 3.6); the
+#: D = 64 and 128 entries are the fastest of those on an H100 (scripts/bench_ch5.py --sections tune).
+GPU_CONFIGS = {
+    # (BLOCK_D, itemsize): (dkdv, dq)
+    (16, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
+    (32, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
+    (64, 2): ((64, 64, 4, 2), (128, 64, 8, 3)),
+    (128, 2): ((64, 128, 8, 2), (128, 64, 8, 3)),
+    (256, 2): ((32, 32, 4, 1), (64, 32, 8, 2)),
+    # fp32 runs its dots in IEEE fp32 on CUDA cores (not TF32): small tiles
+    (16, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
+    (32, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
+    (64, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
+    (128, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
+    (256, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
+}
+#: the interpreter runs a program's tile ops in NumPy: small tiles keep the CPU world quick
+CPU_CONFIG = ((16, 16, 4, 1), (16, 16, 4, 1))
+MAX_HEAD_DIM = 256
+
+
+def block_d(head_dim: int) -> int:
+    """The head dim padded to a power of two (at least 16, the smallest Tensor Core tile)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def configs(spec, dtype: torch.dtype | None = None):
+    """``(dkdv, dq)`` tile configs, each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
+    if not ON_GPU:
+        return CPU_CONFIG
+    dtype = dtype or spec.dtype
+    return GPU_CONFIGS[(block_d(spec.head_dim), torch.empty((), dtype=dtype).element_size())]
+
+
+def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
+    """Check and prepare one backward call; return ``(preprocess, dkdv, dq, grads)``.
+
+    ``preprocess()`` fills D and the base-2 lse; ``dkdv(cfg)`` and ``dq(cfg)`` launch the two
+    gradient kernels with a tile config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (and
+    ``warmup=True`` only compiles them); ``grads`` is ``(dq, dk, dv)``, written by the launches,
+    in the dtype the kernels compute in.  The tuner in scripts/bench_ch5.py times each alone.
+    """
+    if spec.head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"the Triton backward supports head dims up to {MAX_HEAD_DIM}, got {spec.head_dim}")
+    if spec.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"the Triton backward takes float16, bfloat16 or float32, got {spec.dtype}")
+    if not ON_GPU and q.dtype == torch.bfloat16:
+        # the interpreter has no bfloat16 arithmetic (tl.dot on bf16 is garbage on the CPU): compute in fp32
+        q, k, v, o, do = (t.float() for t in (q, k, v, o, do))
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    BD = block_d(D)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"   # fp32 dots stay fp32 (not TF32)
+
+    lse = lse.detach().to(torch.float32).contiguous()
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    dlse_arg = dlse.detach().to(torch.float32).contiguous() if dlse is not None else delta
+    pre_m = 64 if ON_GPU else 16
+
+    def preprocess():
+        _bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
+            o, do, lse, dlse_arg, delta, lse2, *o.stride(), *do.stride(), H, Nq,
+            HEAD_DIM=D, HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=BD)
+
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    common = (q, k, v, do, lse2, delta)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    scalars = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E, max(spec.left, 0), max(spec.right, 0))
+    consts = dict(HEAD_DIM=D, HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0, BLOCK_D=BD, PRECISION=precision)
+
+    def launch(kernel, grid, args, cfg, warmup):
+        bm, bn, warps, stages = cfg
+        kw = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts)
+        if warmup:
+            kernel.warmup(*args, grid=grid, **kw)
+        else:
+            kernel[grid](*args, **kw)
+
+    def dkdv_launch(cfg, warmup=False):
+        launch(_bwd_dkdv, (triton.cdiv(Nk, cfg[1]), B * Hkv),
+               (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup)
+
+    def dq_launch(cfg, warmup=False):
+        launch(_bwd_dq, (triton.cdiv(Nq, cfg[0]), B * H),
+               (*common, dq, *strides, *dq.stride(), *scalars), cfg, warmup)
+
+    return preprocess, dkdv_launch, dq_launch, (dq, dk, dv)
+
+
+def triton_backward(q, k, v, o, lse, do, spec, dlse=None, config=None):
+    """``(dq, dk, dv)`` of attention from the saved ``q, k, v, o, lse`` and the incoming ``do``.
+
+    ``lse`` is the forward's natural-log log-sum-exp, ``-inf`` for rows that see no key;
+    ``dlse`` an optional gradient on it.  ``config`` overrides ``configs(spec)``: a pair
+    ``(dkdv, dq)`` of ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``.
+    Deterministic: the same inputs give bit-identical gradients.
+    """
+    preprocess, dkdv, dq, grads = make_launcher(q, k, v, o, lse, do, spec, dlse)
+    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype)
+    preprocess()
+    dkdv(cfg_kv)
+    dq(cfg_q)
+    return tuple(g.to(q.dtype) for g in grads)
