@@ -96,6 +96,24 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta,
 
 
 @triton.jit
+def _dkdv_loop(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qh, stride_qm, stride_qd, stride_doh, stride_dom, stride_dod,
+               start, n_blocks, group, offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """``n_blocks`` query blocks from row ``start``, for every query head of the group, in one flat loop
+    (Q, DO, LSE2 and Delta point at the group's first head)."""
+    for it in range(0, group * n_blocks):
+        # max(.., 1): without a mask a phase's n_blocks is the constant 0, and a division by a constant 0
+        # is undefined behaviour the compiler may exploit even in a loop that never runs (it did, on an H100)
+        g = it // tl.maximum(n_blocks, 1)
+        dk, dv = _dkdv_inner(dk, dv, k, v, Q + g * stride_qh, DO + g * stride_doh, LSE2 + g * N_Q, Delta + g * N_Q,
+                             stride_qm, stride_qd, stride_dom, stride_dod, start + (it - g * n_blocks) * BLOCK_M,
+                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
+                             HAS_LEFT, HAS_RIGHT, MASK, PRECISION)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
@@ -149,29 +167,17 @@ def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
     q_ptr = Q + b * stride_qb + hk * group * stride_qh
     do_ptr = DO + b * stride_dob + hk * group * stride_doh
     row_ptr = (b * H + hk * group) * N_Q
-    for it in range(0, group * n_pre):
-        # max(.., 1): without a mask n_pre is the constant 0, and a division by a constant 0 is
-        # undefined behaviour the compiler may exploit even in a loop that never runs (it did, on an H100)
-        g = it // tl.maximum(n_pre, 1)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr + g * stride_qh, do_ptr + g * stride_doh,
-                             LSE2 + row_ptr + g * N_Q, Delta + row_ptr + g * N_Q,
-                             stride_qm, stride_qd, stride_dom, stride_dod, lo + (it - g * n_pre) * BLOCK_M,
-                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
-                             HAS_LEFT, HAS_RIGHT, True, PRECISION)
-    for it in range(0, group * n_mid):
-        g = it // tl.maximum(n_mid, 1)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr + g * stride_qh, do_ptr + g * stride_doh,
-                             LSE2 + row_ptr + g * N_Q, Delta + row_ptr + g * N_Q,
-                             stride_qm, stride_qd, stride_dom, stride_dod, mid + (it - g * n_mid) * BLOCK_M,
-                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
-                             HAS_LEFT, HAS_RIGHT, False, PRECISION)
-    for it in range(0, group * n_post):
-        g = it // tl.maximum(n_post, 1)
-        dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr + g * stride_qh, do_ptr + g * stride_doh,
-                             LSE2 + row_ptr + g * N_Q, Delta + row_ptr + g * N_Q,
-                             stride_qm, stride_qd, stride_dom, stride_dod, end_mid + (it - g * n_post) * BLOCK_M,
-                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
-                             HAS_LEFT, HAS_RIGHT, True, PRECISION)
+    lse_ptr = LSE2 + row_ptr
+    delta_ptr = Delta + row_ptr
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qh, stride_qm, stride_qd,
+                        stride_doh, stride_dom, stride_dod, lo, n_pre, group, offs_n, N_Q, N_K, qk_scale,
+                        WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_LEFT, HAS_RIGHT, True, PRECISION)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qh, stride_qm, stride_qd,
+                        stride_doh, stride_dom, stride_dod, mid, n_mid, group, offs_n, N_Q, N_K, qk_scale,
+                        WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_LEFT, HAS_RIGHT, False, PRECISION)
+    dk, dv = _dkdv_loop(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qh, stride_qm, stride_qd,
+                        stride_doh, stride_dom, stride_dod, end_mid, n_post, group, offs_n, N_Q, N_K, qk_scale,
+                        WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_LEFT, HAS_RIGHT, True, PRECISION)
 
     out = b * stride_gb + hk * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :] * stride_gd
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
