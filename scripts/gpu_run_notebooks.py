@@ -62,10 +62,14 @@ def summarize(nb) -> dict:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             images += sum(1 for k in data if k.startswith("image/"))
+            if out.get("name") == "stderr":
+                continue  # progress bars and warnings
             text = out.get("text") or data.get("text/plain") or ""
             text = "".join(text) if isinstance(text, list) else text
             text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
-            if text and not text.startswith("<Figure") and len(texts) < MAX_OUTPUTS:
+            if re.match(r"(<Figure|<[\w.]+( object)? at 0x|def |@|class )", text):
+                continue  # a figure's or Styler's repr, or kernel source printed by inspect.getsource
+            if text and len(texts) < MAX_OUTPUTS:
                 texts.append({"cell": i, "text": text[:MAX_TEXT]})
     timings.sort(key=lambda r: -r["s"])
     return {"cells": len(nb.cells), "code_cells": len(code), "images": images,
@@ -88,7 +92,8 @@ def run_notebook(path: Path, timeout: int, out_dir: Path) -> dict:
         record.update(status="timeout", error=str(exc).strip().splitlines()[-1][:MAX_TEXT])
     except CellExecutionError as exc:
         lines = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).splitlines() if ln.strip()]
-        record.update(status="error", error=(lines[-1] if lines else repr(exc))[:MAX_TEXT])
+        record.update(status="error", error=(lines[-1] if lines else repr(exc))[:MAX_TEXT],
+                      traceback="\n".join(lines[-12:])[-1500:])
     except Exception as exc:  # a kernel that died is a result to record, not a reason to stop the run
         record.update(status="error", error=f"{type(exc).__name__}: {exc}"[:MAX_TEXT])
     record["wall_s"] = round(time.perf_counter() - t0, 2)

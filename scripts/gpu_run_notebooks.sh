@@ -62,16 +62,24 @@ timeout $(( ${TEST_TIMEOUT:-150} + 30 )) "$PY" -m pytest "${targets[@]}" --nbval
   "${stop[@]}" >"$OUTDIR/pytest.log" 2>&1
 test_rc=$?
 tail -n 25 "$OUTDIR/pytest.log"
-summary=$(grep -E "^=*.*( passed| failed| error)" "$OUTDIR/pytest.log" | tail -n 1 | tr -d '=' | xargs)
-[ "$test_rc" = 124 ] && summary="stopped after ${TEST_TIMEOUT:-150} s: $summary"
-summary="pytest ${targets[*]} --nbval-lax: ${summary:-no summary (exit $test_rc)}; $(( $(date +%s) - t1 )) s"
-echo "gpu_run: $summary"
-SUMMARY="$summary" "$PY" - "$OUTDIR/gpu_notebooks.json" <<'PY'
-import json, os, sys
-path = sys.argv[1]
+# the summary line, or (a run cut off at its limit prints none) the count of its progress marks
+PREFIX="pytest ${targets[*]} --nbval-lax" SECONDS_TAKEN=$(( $(date +%s) - t1 )) \
+"$PY" - "$OUTDIR/gpu_notebooks.json" "$OUTDIR/pytest.log" <<'PY'
+import json, os, re, sys
+path, log = sys.argv[1:3]
+lines = open(log, errors="replace").read().splitlines()
+final = [ln.strip("= ") for ln in lines if re.search(r"\d+ (passed|failed|errors?)\b", ln)]
+if final:
+    summary = final[-1]
+else:
+    marks = "".join(re.sub(r"\s*\[.*", "", ln) for ln in lines if re.fullmatch(r"[.FEsxX]+\s*(\[\s*\d+%\])?", ln.strip()))
+    summary = (f"cut off at its time limit: {marks.count('.')} passed, {marks.count('F')} failed, "
+               f"{marks.count('E')} errors, {marks.count('s')} skipped so far")
+summary = f"{os.environ['PREFIX']}: {summary} ({os.environ['SECONDS_TAKEN']} s)"
+print("gpu_run:", summary)
 if os.path.exists(path):
     blob = json.load(open(path))
-    blob["meta"]["tests"] = os.environ["SUMMARY"]
+    blob["meta"]["tests"] = summary
     json.dump(blob, open(path, "w"), indent=1)
 PY
 
