@@ -12,7 +12,21 @@ from .spec import AttentionSpec, make_spec
 
 __version__ = "0.1.0"
 
+#: chapter 5's differentiable entry points, imported on first use (they load Triton)
+_LAZY = {"FlashAttentionPyTorch", "FlashAttentionTriton", "flash_attention"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        implementations()   # load every registered module first: the registry keeps the book's order
+        from . import autograd
+
+        return getattr(autograd, name)
+    raise AttributeError(f"module 'fa_lab' has no attribute {name!r}")
+
+
 __all__ = [
     "DEVICE", "ON_GPU", "WORLD", "banner", "describe", "pick", "attention", "attention_flops",
     "visible", "get_implementation", "implementations", "register", "AttentionSpec", "make_spec",
+    "FlashAttentionPyTorch", "FlashAttentionTriton", "flash_attention",
 ]

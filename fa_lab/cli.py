@@ -11,6 +11,8 @@ import sys
 SUBCOMMANDS = {
     "info": "fa_lab.cli_info",
     "grade": "fa_lab.cli_grade",
+    "bench": "fa_lab.cli_bench",
+    "correlate": "fa_lab.cli_correlate",
 }
 
 
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # recorded with results (fa-lab bench --out)
     return int(args._run(args) or 0)
 
 

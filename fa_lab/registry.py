@@ -19,6 +19,12 @@ IMPLEMENTATION_MODULES = [
     "fa_lab.naive",
     "fa_lab.online",
     "fa_lab.numba_naive",
+    "fa_lab.numba_tiled",    # chapter 3: `numba_tiled`
+    "fa_lab.numba_steps",    # chapter 3: its steps, numba_rowwise, numba_smem, numba_regtile
+    "fa_lab.triton_fwd",     # chapter 4: `triton`
+    "fa_lab.triton_steps",   # chapter 4: its steps, triton_minimal ... triton_autotuned
+    "fa_lab.torch_tiled",    # chapter 5: `torch_tiled`
+    "fa_lab.autograd",       # chapter 5: `flash_triton`, `torch_compile_bwd`
 ]
 
 ALL_MASKS = ("none", "causal", "window")
@@ -104,7 +110,9 @@ def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
     from .world import WORLD
 
     _load_all()
-    return {n: i for n, i in _REGISTRY.items() if not runnable or WORLD in i.worlds}
+    # by chapter (stable within one), whatever order the modules happened to be imported in
+    ordered = sorted(_REGISTRY.values(), key=lambda impl: impl.chapter)
+    return {i.name: i for i in ordered if not runnable or WORLD in i.worlds}
 
 
 def get(name: str) -> Implementation:

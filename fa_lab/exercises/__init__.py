@@ -29,6 +29,10 @@ GRADE_LOG_ENV = "FA_LAB_GRADE_LOG"
 CHAPTER_MODULES = [
     "fa_lab.exercises.ch1",
     "fa_lab.exercises.ch2",
+    "fa_lab.exercises.ch3",
+    "fa_lab.exercises.ch4",
+    "fa_lab.exercises.ch5",
+    "fa_lab.exercises.ch6",
 ]
 
 __all__ = ["names", "reference", "check", "describe", "get", "Case", "CheckResult", "Exercise", "Mistake",

@@ -1,0 +1,351 @@
+"""The benchmark suite: every (implementation × shape × dtype × mask × mode) through
+``fa_lab.timing.benchmark``, then the columns that compare rows with each other.
+
+Data first: ``run_suite`` returns records (dicts, one per measurement, schema in
+``COLUMNS``); ``save`` writes them as CSV plus JSON with the facts of the machine;
+``table`` prints them; ``plot`` draws TFLOP/s and memory against N.
+
+Nothing here raises for a case that cannot run: out-of-memory, an unsupported dtype or
+mask, a kernel that does not exist in this world — each becomes a row whose ``status``
+says so (``ok``, ``oom``, ``oom: predicted …``, ``unsupported: …``, ``skipped: …``).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from .. import registry
+from ..flops import attention_flops
+from ..timing import as_dtype, benchmark
+from ..world import DEVICE, ON_GPU, WORLD, describe
+from .configs import Shape
+from .peers import PEERS
+
+#: every record has these keys, in this order (CSV column order)
+COLUMNS = [
+    "suite", "impl", "shape", "batch", "heads", "kv_heads", "n_q", "n_k", "head_dim", "dtype", "mask",
+    "causal", "window_left", "window_right", "mode", "status",
+    "ms", "ms_p10", "ms_p90", "ms_back_to_back", "flops", "tflops",
+    "io_bytes", "peak_extra_bytes", "memory_source", "naive_extra_bytes", "mem_vs_naive",
+    "baseline", "speedup", "max_abs_err", "max_abs_err_grad", "world", "device", "timer",
+]
+MODES = ("fwd", "bwd", "fwd+bwd")
+MASKS = ("none", "causal", "window")
+#: B·H·Nq·Nk up to which the float64 reference judges each result (its S, P are 3 × 8 bytes each)
+CHECK_MAX = 2 ** 28 if ON_GPU else 2 ** 18
+
+
+def known_impls() -> list[str]:
+    """Registered implementations (the book's, in its order) then peers."""
+    return list(registry.implementations()) + list(PEERS)
+
+
+def is_step(impl) -> bool:
+    """A chapter's intermediate step (``triton_minimal``, ``numba_smem``, ...) rather than its final kernel."""
+    import re
+
+    return any("step" in t for t in impl.tags) or bool(re.search(r"^ch\d+ step|intermediate step", impl.description))
+
+
+def default_impls(*, steps: bool = True) -> list[str]:
+    """What runs when ``--impl`` is not given: every kernel that runs in this world, then SDPA.
+
+    On a GPU the host-only ones (the float64 reference, NumPy, Numba @njit) are left out:
+    they are the CPU story, and at GPU sizes they would take minutes per call.  ``steps=False``
+    also leaves out the chapters' intermediate steps.
+    """
+    ours = [n for n, i in registry.implementations(runnable=True).items()
+            if not (ON_GPU and i.host_only) and (steps or not is_step(i))]
+    peers = [n for n, p in PEERS.items() if WORLD in p.worlds and n != "sdpa"]
+    return ours + peers
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name(0) if ON_GPU else "cpu (Numba CUDA simulator, Triton interpreter)"
+
+
+def _implementation(name):
+    return registry.get(name) if name in registry.implementations() else PEERS[name]
+
+
+def _model_spec(shape: Shape, dtype, causal, window):
+    from ..masks import effective_window, mask_kind
+
+    left, right = effective_window(causal, window)
+    kv = shape.kv_heads or shape.heads
+    return SimpleNamespace(batch=shape.batch, heads=shape.heads, kv_heads=kv, group=shape.heads // kv,
+                           n_q=shape.n_q, n_k=shape.n_k or shape.n_q, head_dim=shape.head_dim,
+                           head_dim_v=shape.head_dim, dtype=as_dtype(dtype), causal=causal,
+                           window=tuple(window), left=left, right=right, mask=mask_kind(causal, window),
+                           device=DEVICE)
+
+
+def _input_bytes(shape: Shape, dtype) -> int:
+    """q, k, v and o."""
+    item = torch.empty((), dtype=as_dtype(dtype)).element_size()
+    kv = shape.kv_heads or shape.heads
+    n_k = shape.n_k or shape.n_q
+    return item * shape.batch * shape.head_dim * (2 * shape.heads * shape.n_q + 2 * kv * n_k)
+
+
+def io_bytes(shape: Shape, dtype, mode: str) -> int:
+    """What any implementation must hold: q, k, v, o (and do, dq, dk, dv for a backward)."""
+    return _input_bytes(shape, dtype) * (1 if mode == "fwd" else 2)
+
+
+def _predicted_oom(name, shape, dtype, causal, window, mode) -> str | None:
+    """On a GPU, refuse up front what the registry's memory model says cannot fit."""
+    if not ON_GPU:
+        return None
+    impl = _implementation(name)
+    if impl.extra_memory is None:
+        return None
+    need = impl.extra_memory(_model_spec(shape, dtype, causal, window)) * (2 if mode != "fwd" else 1)
+    need += 3 * _input_bytes(shape, dtype)   # inputs, outputs, gradients
+    free, _ = torch.cuda.mem_get_info()
+    if need > 0.9 * free:
+        return f"oom: predicted {need / 2**30:.1f} GiB > {free / 2**30:.1f} GiB free (not run)"
+    return None
+
+
+def _shape_key(r):
+    return (r["batch"], r["heads"], r["kv_heads"], r["n_q"], r["n_k"], r["head_dim"], r["dtype"],
+            r["causal"], r["window_left"], r["window_right"], r["mode"])
+
+
+def cases(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd",), window=(-1, -1)):
+    """Every combination, shape outermost so that one shape's rows sit together."""
+    for shape in shapes:
+        for dtype in dtypes:
+            for mask in masks:
+                causal = mask == "causal"
+                win = tuple(window) if mask == "window" else (-1, -1)
+                for mode in modes:
+                    for impl in impls:
+                        yield impl, shape, dtype, causal, win, mode
+
+
+def run_suite(impls, shapes, *, baseline=None, **kwargs) -> list[dict]:
+    """Run every case; return records with the columns of ``COLUMNS``.
+
+    Keyword arguments are those of ``iter_suite``.  ``baseline``: the implementation
+    ``speedup`` is measured against (default: ``naive_torch`` if it runs, else the first).
+    """
+    records = list(iter_suite(impls, shapes, baseline=baseline, **kwargs))
+    return compare(records, baseline=baseline or ("naive_torch" if "naive_torch" in impls else list(impls)[0]))
+
+
+def iter_suite(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd",), window=(-1, -1),
+               baseline=None, warmup=None, rep=None, gpu_ms=None, check=True, max_ms=None, suite="custom",
+               progress=True, seed=0):
+    """Yield one record per case as it is measured (``compare`` fills the cross-row columns).
+
+    ``max_ms``: skip a case whose time, predicted from the same implementation's last
+    measured shape scaled by FLOPs, would exceed this many milliseconds per call (sweeps
+    stay within a budget; the row says ``skipped``).
+    """
+    from tqdm import tqdm
+
+    for m in masks:
+        if m not in MASKS:
+            raise ValueError(f"mask must be one of {MASKS}, got {m!r}")
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {m!r}")
+    known = known_impls()
+    for name in list(impls) + ([baseline] if baseline else []):
+        if name not in known:
+            raise ValueError(f"unknown impl {name!r}; known: {', '.join(known)}")
+    device = device_name()
+    todo = list(cases(impls, shapes, dtypes=dtypes, masks=masks, modes=modes, window=window))
+    last = {}
+    timing = dict(gpu_ms=gpu_ms)
+    if warmup is not None:
+        timing["warmup"] = warmup
+    if rep is not None:
+        timing["rep"] = rep
+    bar = tqdm(todo, disable=not progress, desc=f"fa-lab bench ({WORLD})", unit="case")
+    for impl, shape, dtype, causal, win, mode in bar:
+        bar.set_postfix_str(f"{impl} {shape.label} {dtype} {mode}", refresh=False)
+        n_k = shape.n_k or shape.n_q
+        flops = attention_flops(shape.batch, shape.heads, shape.n_q, n_k, shape.head_dim, causal=causal, mode=mode)
+        series = (impl, dtype, causal, win, mode)
+        status = _predicted_oom(impl, shape, dtype, causal, win, mode)
+        if status is None and max_ms is not None and series in last:
+            prev_ms, prev_flops = last[series]
+            guess = prev_ms * flops / prev_flops
+            if guess > max_ms:
+                status = f"skipped: predicted {guess:.0f} ms per call > budget {max_ms:g} ms"
+        if status is None:
+            rec = benchmark(impl, **shape.kwargs(), dtype=dtype, causal=causal, window=win, mode=mode,
+                            seed=seed, check_max=CHECK_MAX if check else None, **timing)
+            if rec["status"] == "ok":
+                last[series] = (rec["ms"], flops)
+        else:
+            rec = dict(impl=impl, **{k: v for k, v in shape.kwargs().items()}, status=status)
+            rec.update(n_q=shape.n_q, n_k=n_k, kv_heads=shape.kv_heads or shape.heads,
+                       dtype=str(as_dtype(dtype)).replace("torch.", ""), causal=causal, mode=mode, world=WORLD)
+        rec.update(suite=suite, shape=shape.label, flops=flops, device=device, io_bytes=io_bytes(shape, dtype, mode),
+                   mask="window" if tuple(win) != (-1, -1) else ("causal" if causal else "none"),
+                   window_left=win[0], window_right=win[1], causal=causal)
+        rec.setdefault("timer", "cuda-events (do_bench)" if ON_GPU else "wall-clock (CPU simulator/interpreter)")
+        yield {c: rec.get(c) for c in COLUMNS}
+    bar.close()
+
+
+def compare(records, *, baseline):
+    """Fill ``speedup`` (baseline ms / ms) and ``mem_vs_naive``.
+
+    ``mem_vs_naive`` is naive's peak footprint over this one's, each counted as ``io_bytes``
+    (q, k, v, o, and gradients for a backward) plus the peak extra memory: "naive needs 40×
+    the memory".  (A ratio of extra memory alone divides by ~0 for a fused kernel.)  The naive
+    extra memory is ``naive_torch``'s measured peak when it ran on the same case, else the
+    registry's model of it (``memory_source`` of that row says which).
+    """
+    by_key = {}
+    for r in records:
+        by_key.setdefault(_shape_key(r), {})[r["impl"]] = r
+    naive_model = registry.get("naive_torch").extra_memory
+    for r in records:
+        group = by_key[_shape_key(r)]
+        r["baseline"] = baseline
+        base = group.get(baseline)
+        if r["status"] == "ok" and base is not None and base["status"] == "ok":
+            r["speedup"] = base["ms"] / r["ms"]
+        naive = group.get("naive_torch")
+        if naive is not None and naive["status"] == "ok" and naive["memory_source"] == r["memory_source"]:
+            r["naive_extra_bytes"] = naive["peak_extra_bytes"]
+        else:
+            shape = Shape(r["batch"], r["heads"], r["n_q"], r["head_dim"], r["kv_heads"], r["n_k"])
+            r["naive_extra_bytes"] = int(naive_model(_model_spec(shape, r["dtype"], r["causal"],
+                                                                  (r["window_left"], r["window_right"]))))
+        if r["status"] == "ok" and r["peak_extra_bytes"] is not None and r.get("io_bytes"):
+            r["mem_vs_naive"] = (r["io_bytes"] + r["naive_extra_bytes"]) / (r["io_bytes"] + r["peak_extra_bytes"])
+    return records
+
+
+# ----------------------------------------------------------------------------- output
+
+def to_frame(records):
+    import pandas as pd
+
+    df = pd.DataFrame.from_records(list(records))
+    return df.reindex(columns=COLUMNS + [c for c in df.columns if c not in COLUMNS])
+
+
+def metadata(command: str | None = None, **extra) -> dict:
+    """The facts of this machine that travel with every result file."""
+    from ..recorded import _driver
+
+    meta = describe()
+    meta.update(driver=_driver() if ON_GPU else None,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command=command, **extra)
+    return meta
+
+
+def save(records, path, *, command: str | None = None, **extra) -> tuple[Path, Path]:
+    """Write ``path`` as CSV (``.csv``) and ``{"meta", "records"}`` JSON beside it (``.json``)."""
+    path = Path(path)
+    csv_path = path.with_suffix(".csv")
+    json_path = path.with_suffix(".json")
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    to_frame(records).to_csv(csv_path, index=False)
+    meta = json.dumps(metadata(command, **extra), indent=1, default=str)
+    rows = ",\n".join(json.dumps(_jsonable(r), default=str) for r in records)   # one record a line: diffable
+    json_path.write_text(f'{{"meta": {meta},\n"records": [\n{rows}\n]}}\n')
+    return csv_path, json_path
+
+
+def _jsonable(r: dict) -> dict:
+    # NaN/inf are not JSON: write null
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+
+
+def _fmt_ms(r) -> str:
+    if r.get("ms") is None or r["ms"] != r["ms"]:
+        return ""
+    return f"{r['ms']:.3g} [{r['ms_p10']:.3g}–{r['ms_p90']:.3g}]"
+
+
+def _fmt(x, spec="{:.3g}") -> str:
+    if x is None or (isinstance(x, float) and x != x):
+        return ""
+    return spec.format(x)
+
+
+def table(records, *, title=None, console=None):
+    """Print the records as a table (rich); returns the rich Table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    records = list(records)
+    timer = next((r["timer"] for r in records if r.get("timer")), "")
+    t = Table(title=title or f"fa-lab bench — {device_name()} — {timer}", title_justify="left")
+    for col, kw in [("impl", {}), ("shape (B,H,N,D)", {}), ("dtype", {}), ("mask", {}), ("mode", {}),
+                    ("ms p50 [p10–p90]", {"justify": "right"}), ("TFLOP/s", {"justify": "right"}),
+                    ("extra MiB", {"justify": "right"}), ("mem ÷ naive", {"justify": "right"}),
+                    ("speedup", {"justify": "right"}), ("max err", {"justify": "right"}),
+                    ("status", {"no_wrap": True, "overflow": "ellipsis", "max_width": 50})]:
+        t.add_column(col, **kw)
+    for r in records:
+        mib = None if r.get("peak_extra_bytes") is None else r["peak_extra_bytes"] / 2**20
+        t.add_row(r["impl"], r["shape"], r["dtype"], r["mask"], r["mode"], _fmt_ms(r), _fmt(r.get("tflops")),
+                  _fmt(mib), _fmt(r.get("mem_vs_naive"), "{:.3g}×"), _fmt(r.get("speedup"), "{:.3g}×"),
+                  _fmt(r.get("max_abs_err"), "{:.1e}"), r["status"],
+                  style=None if r["status"] == "ok" else "dim")
+    (console or Console(width=200)).print(t)
+    return t
+
+
+def plot(records, path=None, *, title=None):
+    """TFLOP/s and extra memory against N, a line per implementation (and dtype, when several).
+
+    With a single N, a bar chart of p50 per implementation and shape instead.  Saved to
+    ``path`` when given; returns the figure.
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    df = to_frame(records)
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        fig, ax = plt.subplots(figsize=(6, 2))
+        ax.text(0.5, 0.5, "no successful runs to plot", ha="center", va="center")
+        ax.set_axis_off()
+    elif ok["n_q"].nunique() > 1:
+        fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4))
+        several = ok["dtype"].nunique() > 1
+        for (impl, dtype), part in ok.groupby(["impl", "dtype"], sort=False):
+            part = part.groupby("n_q", as_index=False).agg(tflops=("tflops", "median"),
+                                                          mem=("peak_extra_bytes", "median"))
+            label = f"{impl} {dtype}" if several else impl
+            ax_t.plot(part["n_q"], part["tflops"], marker="o", label=label)
+            ax_m.plot(part["n_q"], part["mem"] / 2**20, marker="o", label=label)
+        for ax, ylabel in ((ax_t, "TFLOP/s"), (ax_m, "peak extra memory (MiB)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+        ax_m.set_yscale("log")
+        ax_t.legend(fontsize="small")
+    else:
+        fig, ax = plt.subplots(figsize=(8, 0.35 * len(ok) + 1.5))
+        labels = [f"{r.impl} {r.dtype} {r.mode} {r.shape}" for r in ok.itertuples()]
+        ax.barh(labels, ok["ms"], xerr=[ok["ms"] - ok["ms_p10"], ok["ms_p90"] - ok["ms"]], color="tab:blue")
+        ax.set_xscale("log")
+        ax.set_xlabel("ms (p50, bars p10–p90)")
+        ax.invert_yaxis()
+    fig.suptitle(title or f"fa-lab bench — {device_name()} ({WORLD} world)", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

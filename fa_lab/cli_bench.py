@@ -1,0 +1,126 @@
+"""Benchmark implementations (ours and PyTorch SDPA's) on named or explicit shapes.
+
+Examples::
+
+    fa-lab bench --config tiny --impl reference naive_torch --out r.csv
+    fa-lab bench --config seed-table --impl triton sdpa-flash --dtype bf16 --mode fwd fwd+bwd
+    fa-lab bench --batch 1 --heads 8 --seq-len 512 --head-dim 64 --mask causal --plot p.png
+
+Every case becomes a row: p50 [p10–p90] ms, TFLOP/s, peak extra memory and its reduction
+vs naive, speedup vs --baseline, max abs error vs the float64 reference (small sizes),
+and a status (ok / oom / unsupported: why / skipped: why).  Nothing that cannot run
+stops the run.  On a CPU-only machine the times are wall clock of the simulator.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+
+EPILOG = """configs: tiny (2,4,8,64), small (2,4,64,64), medium (2,8,128,64), llama_small (1,12,256,64),
+llama_med (1,32,512,128), seed-table (6 shapes of 16k tokens, H=16, D=128), sweep (B=1, H=16, causal,
+N=128..65536 x D=16..128 x bf16/fp32), latency (1,8,512,64). Explicit --batch/--heads/--seq-len/--head-dim
+(each may take several values: a grid) replace the config's dimensions, or stand alone without --config.
+--warmup/--rep: calls in the CPU world; milliseconds of warm-up/repetition (triton do_bench) on a GPU."""
+
+
+def configure(parser) -> None:
+    from .bench.configs import config_names
+
+    parser.epilog = EPILOG
+    parser.formatter_class = __import__("argparse").RawDescriptionHelpFormatter
+    parser.add_argument("--impl", nargs="+", metavar="IMPL",
+                        help="registered implementations and/or peers (sdpa, sdpa-flash, sdpa-cudnn, "
+                             "sdpa-efficient, sdpa-math, flash-attn); default: all that run in this world")
+    parser.add_argument("--mode", nargs="+", default=["fwd"], choices=["fwd", "bwd", "fwd+bwd"])
+    parser.add_argument("--dtype", nargs="+", metavar="DTYPE",
+                        help="fp16, bf16, fp32, fp64 (default: the config's, else fp32)")
+    parser.add_argument("--mask", nargs="+", choices=["none", "causal", "window"],
+                        help="default: the config's (causal for sweep, else none); window with --window")
+    parser.add_argument("--window", nargs=2, type=int, metavar=("LEFT", "RIGHT"),
+                        help="sliding window (left, right), -1 unbounded; implies --mask window")
+    parser.add_argument("--config", choices=config_names())
+    for flag in ("--batch", "--heads", "--seq-len", "--head-dim", "--kv-heads", "--seq-len-k"):
+        parser.add_argument(flag, nargs="+", type=_positive, metavar="N")
+    parser.add_argument("--baseline", metavar="IMPL", help="speedup = baseline ms / ms (default naive_torch if run)")
+    parser.add_argument("--out", metavar="FILE.csv", help="write CSV, and JSON (with machine facts) beside it")
+    parser.add_argument("--plot", metavar="FILE.png", help="save TFLOP/s and memory vs N (or ms per case)")
+    parser.add_argument("--warmup", type=_positive, help="CPU: calls; GPU: ms (default 3 calls / 25 ms)")
+    parser.add_argument("--rep", type=_positive, help="CPU: calls; GPU: ms (default 10 calls / 100 ms)")
+    parser.add_argument("--max-ms", type=float, metavar="MS",
+                        help="skip cases predicted (from the previous N) to take longer than MS per call")
+    parser.add_argument("--no-check", action="store_true", help="skip the max-abs-error column")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no table (files only)")
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def plan(args) -> dict:
+    """The parsed arguments as ``run_suite`` keyword arguments; ``ValueError`` says what is wrong."""
+    from .bench.configs import default_dtypes, default_mask, shapes
+    from .bench.runner import default_impls, known_impls
+    from .timing import as_dtype
+
+    impls = args.impl or default_impls()
+    known = known_impls()
+    bad = [n for n in impls + ([args.baseline] if args.baseline else []) if n not in known]
+    if bad:
+        raise ValueError(f"unknown impl {', '.join(map(repr, bad))}; known: {', '.join(known)}")
+    dtypes = args.dtype or default_dtypes(args.config) or ["fp32"]
+    for d in dtypes:
+        as_dtype(d)
+    window = tuple(args.window) if args.window else (-1, -1)
+    masks = args.mask or (["window"] if args.window else [default_mask(args.config)])
+    if "window" in masks and window == (-1, -1):
+        raise ValueError("--mask window needs --window LEFT RIGHT (at least one >= 0)")
+    if any(w < -1 for w in window):
+        raise ValueError(f"--window sizes must be >= 0, or -1 for unbounded; got {window}")
+    if args.warmup is not None or args.rep is not None:
+        from .world import ON_GPU
+
+        gpu_ms = (args.warmup or 25, args.rep or 100) if ON_GPU else None
+    else:
+        gpu_ms = None
+    return dict(
+        impls=impls,
+        shapes=shapes(args.config, batch=args.batch, heads=args.heads, seq_len=args.seq_len,
+                      head_dim=args.head_dim, kv_heads=args.kv_heads, seq_len_k=args.seq_len_k),
+        dtypes=dtypes, masks=masks, modes=args.mode, window=window, baseline=args.baseline,
+        warmup=args.warmup, rep=args.rep, gpu_ms=gpu_ms, check=not args.no_check, max_ms=args.max_ms,
+        suite=args.config or "custom", progress=not args.no_progress, seed=args.seed)
+
+
+def run(args) -> int:
+    from collections import Counter
+
+    from .bench import runner
+
+    try:
+        kwargs = plan(args)
+    except ValueError as exc:
+        print(f"fa-lab bench: error: {exc}", file=sys.stderr)
+        return 2
+    records = runner.run_suite(**kwargs)
+    if not args.quiet:
+        runner.table(records)
+    counts = Counter(r["status"].split(":")[0] for r in records)
+    print("cases: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+    if args.out:
+        command = "fa-lab " + " ".join(shlex.quote(a) for a in (getattr(args, "_argv", None) or ["bench"]))
+        csv_path, json_path = runner.save(records, args.out, command=command.strip())
+        print(f"wrote {csv_path} and {json_path}")
+    if args.plot:
+        runner.plot(records, args.plot)
+        print(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,221 @@
+"""``fa-lab bench``: parsing, the FLOP formula, OOM/unsupported rows, the CSV/JSON schema."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+import fa_lab
+from fa_lab import cli
+from fa_lab.bench import COLUMNS, configs, load_recorded, peers, recorded_table, runner
+from fa_lab.flops import attention_flops
+
+
+def _bench(tmp_path, *extra):
+    out = tmp_path / "r.csv"
+    rc = cli.main(["bench", "--config", "tiny", "--no-progress", "--quiet", "--out", str(out), *extra])
+    return rc, out
+
+
+# ---------------------------------------------------------------------------- the acceptance command
+
+def test_tiny_reference_naive_torch_writes_csv_and_json(tmp_path, capsys):
+    rc, out = _bench(tmp_path, "--impl", "reference", "naive_torch")
+    assert rc == 0
+    df = pd.read_csv(out)
+    assert list(df.columns) == COLUMNS
+    assert list(df["impl"]) == ["reference", "naive_torch"]
+    assert (df["status"] == "ok").all()
+    assert (df[["batch", "heads", "n_q", "head_dim"]].values == [2, 4, 8, 64]).all()
+    assert (df["ms_p10"] <= df["ms"]).all() and (df["ms"] <= df["ms_p90"]).all()
+    assert (df["max_abs_err"] < 1e-5).all()                       # fp32 vs the float64 reference
+    assert df.loc[df["impl"] == "naive_torch", "speedup"].item() == pytest.approx(1.0)
+    assert (df["world"] == fa_lab.WORLD).all()
+    if not fa_lab.ON_GPU:
+        assert df["timer"].str.contains("wall-clock").all()       # labelled: not GPU speed
+    blob = json.loads(out.with_suffix(".json").read_text())
+    assert set(blob) == {"meta", "records"}
+    for key in ("device", "torch", "date", "command", "world"):
+        assert key in blob["meta"]
+    assert blob["meta"]["command"].startswith("fa-lab bench --config tiny")
+    assert [set(r) for r in blob["records"]] == [set(COLUMNS)] * 2
+    assert "2 ok" in capsys.readouterr().out
+
+
+def test_plot_and_table(tmp_path, capsys):
+    png = tmp_path / "p.png"
+    rc = cli.main(["bench", "--impl", "naive_torch", "sdpa-math", "--batch", "1", "--heads", "2",
+                   "--seq-len", "8", "16", "--head-dim", "16", "--no-progress", "--plot", str(png)])
+    assert rc == 0 and png.stat().st_size > 1000
+    text = capsys.readouterr().out
+    assert "naive_torch" in text and "sdpa-math" in text and "TFLOP/s" in text
+
+
+# ---------------------------------------------------------------------------- parsing
+
+def _plan(*argv):
+    from fa_lab.cli_bench import plan
+
+    return plan(cli.build_parser().parse_args(["bench", *argv]))
+
+
+def test_parse_config_and_overrides():
+    p = _plan("--config", "llama_med", "--impl", "naive_torch", "sdpa-flash", "--dtype", "bf16", "fp32",
+              "--mode", "fwd", "fwd+bwd", "--baseline", "sdpa-flash")
+    assert p["impls"] == ["naive_torch", "sdpa-flash"] and p["dtypes"] == ["bf16", "fp32"]
+    assert p["modes"] == ["fwd", "fwd+bwd"] and p["baseline"] == "sdpa-flash" and p["masks"] == ["none"]
+    assert [s.label for s in p["shapes"]] == ["(1, 32, 512, 128)"]
+    grid = _plan("--config", "tiny", "--seq-len", "16", "32", "--head-dim", "32")["shapes"]
+    assert [(s.batch, s.heads, s.n_q, s.head_dim) for s in grid] == [(2, 4, 16, 32), (2, 4, 32, 32)]
+
+
+def test_parse_explicit_shape_gqa_and_window():
+    p = _plan("--batch", "1", "--heads", "8", "--kv-heads", "2", "--seq-len", "5", "--seq-len-k", "9",
+              "--head-dim", "16", "--window", "3", "0")
+    (s,) = p["shapes"]
+    assert (s.batch, s.heads, s.kv_heads, s.n_q, s.n_k, s.head_dim) == (1, 8, 2, 5, 9, 16)
+    assert p["masks"] == ["window"] and p["window"] == (3, 0)
+    assert s.label == "(1, 8/2, 5x9, 16)"
+
+
+def test_named_configs_seed_table_and_sweep():
+    assert {"tiny", "small", "medium", "llama_small", "llama_med", "seed-table", "sweep", "latency"} <= set(configs.CONFIGS)
+    seed = configs.shapes("seed-table")
+    assert [(s.batch, s.n_q) for s in seed] == [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
+    assert all(s.heads == 16 and s.head_dim == 128 for s in seed)
+    sweep = configs.shapes("sweep")
+    assert {s.n_q for s in sweep} == {2 ** p for p in range(7, 17)} and {s.head_dim for s in sweep} == {16, 32, 64, 128}
+    assert all(s.batch == 1 for s in sweep) and configs.default_mask("sweep") == "causal"
+    assert configs.default_dtypes("sweep") == ["bf16", "fp32"]
+    assert configs.shapes("latency")[0].label == "(1, 8, 512, 64)"
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--impl", "no_such_kernel"], "unknown impl"),
+    (["--baseline", "nope"], "unknown impl"),
+    (["--dtype", "int8"], "unknown dtype"),
+    (["--mask", "window"], "needs --window"),
+])
+def test_bad_arguments_say_what_is_wrong(tmp_path, capsys, argv, words):
+    rc = cli.main(["bench", "--config", "tiny", "--no-progress", *argv])
+    assert rc == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--mode", "sideways"], ["--config", "huge"], ["--seq-len", "0"],
+                                  ["--mask", "diagonal"], ["--window", "3"]])
+def test_argparse_rejects(argv):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", *argv])
+    assert exc.value.code == 2
+
+
+def test_no_config_needs_every_dimension(capsys):
+    assert cli.main(["bench", "--batch", "1", "--heads", "2", "--no-progress"]) == 2
+    assert "--seq-len" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the FLOP formula
+
+def test_flop_formula():
+    assert attention_flops(2, 3, 5, 7, 11) == 4 * 2 * 3 * 5 * 7 * 11
+    assert attention_flops(1, 1, 64, 64, 8, causal=True) == 4 * 64 * 64 * 8 / 2        # halved: Nq == Nk
+    assert attention_flops(1, 1, 16, 64, 8, causal=True) == 4 * 16 * 64 * 8            # not halved: Nq != Nk
+    assert attention_flops(1, 2, 8, 8, 4, mode="bwd") == 2.5 * attention_flops(1, 2, 8, 8, 4)
+    assert attention_flops(1, 2, 8, 8, 4, mode="fwd+bwd") == 3.5 * attention_flops(1, 2, 8, 8, 4)
+    with pytest.raises(ValueError, match="mode"):
+        attention_flops(1, 1, 1, 1, 1, mode="sideways")
+
+
+def test_records_carry_flops_and_tflops():
+    (r,) = runner.run_suite(["naive_torch"], [configs.Shape(1, 2, 16, 8)], masks=["causal"], progress=False)
+    assert r["flops"] == 4 * 2 * 16 * 16 * 8 / 2
+    assert r["tflops"] == pytest.approx(r["flops"] / (r["ms"] * 1e-3) / 1e12)
+
+
+# ---------------------------------------------------------------------------- unsupported and OOM are rows
+
+def test_unsupported_cases_are_recorded_not_raised():
+    shapes = [configs.Shape(1, 2, 6, 16, n_k=10)]
+    recs = runner.run_suite(["naive_torch", "sdpa-math", "sdpa-efficient", "numba_naive"], shapes,
+                            dtypes=["bf16"], masks=["none", "causal", "window"], window=(2, 0),
+                            modes=["fwd", "fwd+bwd"], progress=False)
+    assert len(recs) == 4 * 3 * 2
+    by = {(r["impl"], r["mask"], r["mode"]): r["status"] for r in recs}
+    assert by[("naive_torch", "window", "fwd")] == "ok"
+    assert "has no backward" in by[("naive_torch", "none", "fwd+bwd")]
+    # SDPA is top-left causal: with Nq != Nk that is not our mask, so it must not run
+    assert by[("sdpa-math", "causal", "fwd")].startswith("unsupported") and "top-left" in by[("sdpa-math", "causal", "fwd")]
+    assert by[("sdpa-math", "window", "fwd")].startswith("unsupported")
+    assert by[("sdpa-math", "none", "fwd")] == "ok"
+    assert by[("numba_naive", "none", "fwd")].startswith("unsupported")              # fp32 only
+    if not fa_lab.ON_GPU:
+        assert by[("sdpa-efficient", "none", "fwd")].startswith("unsupported")       # no CPU kernel
+    for r in recs:
+        assert r["status"] == "ok" or r["ms"] is None
+
+
+def test_sdpa_causal_matches_ours_when_square():
+    recs = runner.run_suite(["sdpa-math", "sdpa-flash"], [configs.Shape(1, 4, 9, 16, kv_heads=2)],
+                            masks=["causal"], progress=False)
+    for r in recs:
+        assert r["status"] == "ok" and r["max_abs_err"] < 1e-5, r
+
+
+def test_oom_is_a_row(monkeypatch):
+    import dataclasses
+
+    def boom(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 TiB")
+
+    monkeypatch.setitem(peers.PEERS, "sdpa-math", dataclasses.replace(peers.PEERS["sdpa-math"], fn=boom))
+    recs = runner.run_suite(["naive_torch", "sdpa-math"], [configs.Shape(1, 1, 8, 8)], progress=False)
+    assert [r["status"] for r in recs] == ["ok", "oom"]
+    assert recs[1]["ms"] is None and recs[1]["naive_extra_bytes"] > 0
+
+
+def test_predicted_oom_is_a_row(monkeypatch):
+    monkeypatch.setattr(runner, "_predicted_oom",
+                        lambda name, shape, *a: "oom: predicted 9.0 GiB > 1.0 GiB free (not run)" if shape.n_q > 16 else None)
+    recs = runner.run_suite(["naive_torch"], [configs.Shape(1, 1, n, 8) for n in (8, 16, 32)], progress=False)
+    assert [r["status"].split(":")[0] for r in recs] == ["ok", "ok", "oom"]
+
+
+def test_time_budget_skips_what_would_be_too_slow():
+    recs = runner.run_suite(["naive_torch"], [configs.Shape(1, 1, n, 8) for n in (8, 4096)], progress=False,
+                            max_ms=1e-9)
+    assert recs[0]["status"] == "ok" and recs[1]["status"].startswith("skipped: predicted")
+
+
+def test_memory_reduction_and_speedup_columns():
+    recs = runner.run_suite(["naive_torch", "sdpa-flash"], [configs.Shape(1, 2, 32, 16)], progress=False,
+                            baseline="naive_torch")
+    naive, flash = recs
+    assert naive["mem_vs_naive"] == pytest.approx(1.0) and naive["speedup"] == pytest.approx(1.0)
+    assert flash["naive_extra_bytes"] == naive["peak_extra_bytes"]
+    io = flash["io_bytes"]
+    assert io == 4 * (2 * 2 * 32 * 16 * 2)                     # q, k, v, o in fp32
+    assert flash["mem_vs_naive"] == pytest.approx((io + naive["peak_extra_bytes"]) / (io + flash["peak_extra_bytes"]))
+    assert flash["mem_vs_naive"] > 1
+    assert flash["speedup"] == pytest.approx(naive["ms"] / flash["ms"])
+    assert flash["baseline"] == "naive_torch"
+
+
+# ---------------------------------------------------------------------------- recorded data
+
+def test_recorded_loader_never_fails():
+    df = load_recorded("no-such-suite")
+    assert df.empty and df.attrs["label"] == "no recorded GPU data"
+
+
+@pytest.mark.parametrize("suite", ["seed-table", "latency", "sweep"])
+def test_recorded_gpu_files_follow_the_schema(suite):
+    df = load_recorded(suite)
+    if df.empty:
+        pytest.skip(f"no recorded {suite}")
+    assert set(COLUMNS) <= set(df.columns)
+    assert (df["world"] == "gpu").all()
+    assert df["status"].str.match(r"^(ok|oom|unsupported|skipped|error)").all()
+    for meta in df.attrs["meta"]:
+        for key in ("device", "driver", "torch", "triton", "date", "command"):
+            assert meta.get(key), key
+    assert not recorded_table(suite, value="tflops").empty
