@@ -81,8 +81,11 @@ def describe() -> dict:
     return info
 
 
-def banner() -> str:
-    """One line, printed by the first cell of every notebook."""
+def banner() -> None:
+    """Print one line saying which world this is: the first cell of every notebook calls it.
+
+    It returns nothing, so that a notebook cell ending in ``fa_lab.banner()`` shows the line once.
+    """
     if ON_GPU:
         name = torch.cuda.get_device_name(0)
         line = (f"fa_lab world: GPU — {name}, torch {torch.__version__}. "
@@ -91,4 +94,3 @@ def banner() -> str:
         line = ("fa_lab world: CPU — Numba CUDA simulator + Triton interpreter. "
                 "Same kernels, tiny sizes; timings are wall clock of the simulation, not GPU speed.")
     print(line)
-    return line
