@@ -52,10 +52,16 @@ def block_key_range(m_start: int, m_end: int, n_q: int, n_k: int, left: int, rig
 
 def visible(n_q: int, n_k: int, left: int, right: int, device=None) -> torch.Tensor:
     """Boolean ``(Nq, Nk)``: True where query i may attend to key j."""
-    i = torch.arange(n_q, device=device).unsqueeze(1)
-    j = torch.arange(n_k, device=device).unsqueeze(0)
+    return tile_visible(0, n_q, 0, n_k, n_q, n_k, left, right, device=device)
+
+
+def tile_visible(m0: int, m1: int, n0: int, n1: int, n_q: int, n_k: int, left: int, right: int,
+                 device=None) -> torch.Tensor:
+    """Boolean ``(m1 - m0, n1 - n0)``: the part of ``visible`` for query rows ``[m0, m1)`` and keys ``[n0, n1)``."""
+    i = torch.arange(m0, m1, device=device).unsqueeze(1)
+    j = torch.arange(n0, n1, device=device).unsqueeze(0)
     diag = i + n_k - n_q
-    ok = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    ok = torch.ones(m1 - m0, n1 - n0, dtype=torch.bool, device=device)
     if left >= 0:
         ok &= j >= diag - left
     if right >= 0:

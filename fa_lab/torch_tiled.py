@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from .masks import block_key_range, key_range, visible
+from .masks import block_key_range, key_range, tile_visible, visible
 from .registry import register
 from .world import ON_GPU, pick
 
@@ -52,14 +52,7 @@ def tile_mask(m0: int, m1: int, n0: int, n1: int, spec, device) -> torch.Tensor 
     # key ranges only move right as the row grows, so the corners decide
     if last_row_lo <= n0 and first_row_hi >= n1:
         return None
-    diag = torch.arange(m0, m1, device=device).unsqueeze(1) + (spec.n_k - spec.n_q)   # each row's own key
-    j = torch.arange(n0, n1, device=device)
-    ok = torch.ones(m1 - m0, n1 - n0, dtype=torch.bool, device=device)
-    if spec.left >= 0:
-        ok &= j >= diag - spec.left
-    if spec.right >= 0:
-        ok &= j <= diag + spec.right
-    return ok
+    return tile_visible(m0, m1, n0, n1, spec.n_q, spec.n_k, spec.left, spec.right, device=device)
 
 
 def _group_view(q, spec):
