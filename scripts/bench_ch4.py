@@ -17,10 +17,10 @@ import time
 
 import fa_lab  # noqa: F401  (first: picks the world)
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 from fa_lab import recorded, triton_fwd
+from fa_lab.bench.calls import ours, sdpa
 from fa_lab.flops import attention_flops
 from fa_lab.testing import random_qkv
 from fa_lab.timing import time_fn
@@ -36,19 +36,6 @@ ROWS = [
 ]
 STEP_ROWS = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
 PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
-
-
-def sdpa(backend):
-    def run(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
-
-
-def ours(name):
-    def run(q, k, v, causal):
-        return fa_lab.attention(q, k, v, impl=name, causal=causal)
-    return run
 
 
 def measure(fn, q, k, v, causal, row, dtype, impl, section, ref=None):

@@ -24,11 +24,11 @@ if "--fwd-tune" not in sys.argv:
 
 import fa_lab  # noqa: E402  (first: picks the world)
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 
 from fa_lab import recorded, triton_bwd, triton_fwd  # noqa: E402
 from fa_lab.autograd import saved_for_backward  # noqa: E402
+from fa_lab.bench.calls import ours, sdpa  # noqa: E402
 from fa_lab.flops import attention_flops  # noqa: E402
 from fa_lab.testing import random_qkv  # noqa: E402
 from fa_lab.timing import time_fn  # noqa: E402
@@ -64,19 +64,6 @@ FWD_CANDIDATES = [dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, ws=F
                   dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, ws=False),
                   dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, ws=False),
                   dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, ws=False)]
-
-
-def sdpa(backend):
-    def run(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return run
-
-
-def ours(name):
-    def run(q, k, v, causal):
-        return fa_lab.attention(q, k, v, impl=name, causal=causal)
-    return run
 
 
 def inputs(row, dtype, seed=1):
