@@ -34,6 +34,7 @@ pass of chapter 5 calls it for ``lse``).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import threading
@@ -63,11 +64,41 @@ def _exp(x, EXP2: tl.constexpr):
 
 
 @triton.jit
+def _exp2_fma(x):
+    """2**x for x <= 0 without the special-function unit: FMA/ALU instructions only.
+
+    Split x = n + f with n an integer (the 1.5·2**23 trick rounds to nearest in one add) and
+    f in [-1/2, 1/2]; 2**f is a cubic (minimax, relative error 7.5e-5, far below fp16/bf16
+    rounding of P); 2**n is added straight into the exponent bits.
+    """
+    x = tl.maximum(x, -126.0)                   # 2**-126 is the smallest normal: ~0 here
+    j = x + 12582912.0                          # 1.5·2**23: the low mantissa bits of j hold round(x)
+    f = x - (j - 12582912.0)
+    p = 0.05517132 * f + 0.24261054
+    p = p * f + 0.69326099
+    p = p * f + 0.99992811
+    bits = p.to(tl.int32, bitcast=True) + (j.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp2_split(x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """exp2 of a score tile, every second column on the FMA units (FlashAttention-4's trick).
+
+    At head dim 64 a Tensor Core finishes a tile's two products about as fast as the
+    special-function unit finishes its exponentials (16 per clock per SM), so exp2 can
+    become the bottleneck; half of them move to ``_exp2_fma``.
+    """
+    even, odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_N // 2, 2]))
+    return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), [BLOCK_M, BLOCK_N])
+
+
+@triton.jit
 def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
                     offs_m, n_k, diag, left, right, qk_scale,
                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_LEFT: tl.constexpr,
                     HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr, PRECISION: tl.constexpr,
-                    WARP_SPECIALIZE: tl.constexpr):
+                    WARP_SPECIALIZE: tl.constexpr, BLOCK_M: tl.constexpr = 0, EMU: tl.constexpr = False):
     """Stream key blocks ``[start, stop)`` past the query tile, updating (acc, l_i, m_i)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
@@ -92,7 +123,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
             # Every row sees every key of this block: no mask, and the scale rides on the
             # max and the subtraction (one FMA per score).
             m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            p = _exp(qk * qk_scale - m_ij[:, None], EXP2)
+            if EMU:
+                p = _exp2_split(qk * qk_scale - m_ij[:, None], BLOCK_M, BLOCK_N)
+            else:
+                p = _exp(qk * qk_scale - m_ij[:, None], EXP2)
             alpha = _exp(m_i - m_ij, EXP2)
         l_ij = tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -108,7 +142,8 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
 def _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, O, LSE, pid_m, n_q, n_k, left, right, qk_scale,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr,
-                    SKIP_MASKED: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                    SKIP_MASKED: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                    EMU: tl.constexpr):
     """One BLOCK_M × D tile of the output of one (batch, head)."""
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -150,7 +185,8 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, O, LSE, pid_m, n_q, n
         # 2. blocks every row sees in full: the hot loop, no mask
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_lo, mid_hi,
                                         offs_m, n_k, diag, left, right, qk_scale,
-                                        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, WARP_SPECIALIZE)
+                                        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, WARP_SPECIALIZE,
+                                        BLOCK_M, EMU)
         # 3. the diagonal, the window's right edge and the ragged end of the keys
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_hi, hi,
                                         offs_m, n_k, diag, left, right, qk_scale,
@@ -176,7 +212,7 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr,
               SKIP_MASKED: tl.constexpr, PAIRED: tl.constexpr, HOST_DESC: tl.constexpr,
-              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EMU: tl.constexpr):
     pid_bh = tl.program_id(1)
     b = pid_bh // heads
     h = pid_bh % heads
@@ -209,11 +245,11 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
         last = tl.cdiv(n_q, BLOCK_M) - 1
         _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, o_bh, lse_bh, last - pid_m, n_q, n_k, left, right,
                         qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED,
-                        PRECISION, WARP_SPECIALIZE)
+                        PRECISION, WARP_SPECIALIZE, EMU)
         if pid_m < last - pid_m:
             _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, o_bh, lse_bh, pid_m, n_q, n_k, left, right,
                             qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED,
-                            PRECISION, WARP_SPECIALIZE)
+                            PRECISION, WARP_SPECIALIZE, EMU)
     else:
         if HAS_RIGHT:
             # causal-like: the last query blocks see the most keys; launch them first so the
@@ -221,7 +257,7 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
             pid_m = tl.num_programs(0) - 1 - pid_m
         _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, o_bh, lse_bh, pid_m, n_q, n_k, left, right,
                         qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED,
-                        PRECISION, WARP_SPECIALIZE)
+                        PRECISION, WARP_SPECIALIZE, EMU)
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -272,8 +308,9 @@ FINAL = Variant()
 #: loops (+20% measured at one pipeline stage); but encoding them costs ~40 µs of Python per
 #: launch.  Built in the kernel (per head) costs no host time: better for small problems.
 HOST_DESC_MIN_FLOPS = 2 ** 33
-#: what a launch configuration holds (``paired``: causal blocks i and last-i share a program)
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "ws", "paired")
+#: what a launch configuration holds (``paired``: causal blocks i and last-i share a program;
+#: ``emu``: 1 computes half of the exponentials on the FMA units)
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "ws", "paired", "emu")
 #: the one configuration of the untuned steps (no software pipelining: one stage)
 FIXED_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, ws=False)
 #: the interpreter runs one numpy op per tile operation: small tiles keep it quick
@@ -303,8 +340,8 @@ def candidate_configs(space: str, d_pad: int, itemsize: int, n_q: int | None = N
         for bn in (32, 64, 128):
             for w in (4, 8):
                 for s in stages:
-                    if bm * bn < 128 * 128 and w == 8:    # too little work per warp
-                        continue
+                    if w == 8 and (bm < 128 or (bm * bn < 128 * 128 and d_pad > 64)):
+                        continue                          # too little work per warp(group)
                     if bm * d_pad // (32 * w) > 128:      # acc alone would spill registers
                         continue
                     if (bm * d_pad + max(s, 1) * 2 * bn * d_pad) * itemsize > smem - 8 * 1024:
@@ -316,7 +353,7 @@ def candidate_configs(space: str, d_pad: int, itemsize: int, n_q: int | None = N
 
 
 def default_config(space: str, d_pad: int, n_q: int, mask: str = "none") -> dict:
-    """What runs when a key was never tuned and tuning is off (FA_LAB_TRITON_AUTOTUNE=0).
+    """What runs when a key was never tuned and tuning is off (FA_LAB_TRITON_AUTOTUNE=0), and for exact fp32.
 
     The H100 winners of the recorded tuning (fa_lab/data/gpu_ch4.json), generalised by head dim.
     """
@@ -403,17 +440,23 @@ def _autotune_enabled() -> bool:
 
 
 def _precompile(launch, candidates: list[dict]) -> None:
-    """Compile the candidates side by side (most of a compile is ptxas, a separate process)."""
+    """Compile the candidates side by side (most of a compile is ptxas, a separate process).
+
+    Through Triton's ``AsyncCompileMode``: the launches (argument binding, cache keys) stay
+    on this thread and only the compile jobs go to the pool.  Calling ``warmup`` from several
+    threads at once is not something Triton's JIT supports.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    def build(cfg):
-        try:
-            launch(cfg, warmup=True)
-        except Exception:  # reported when the candidate is timed
-            pass
-
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        list(pool.map(build, candidates))
+    if not hasattr(triton, "AsyncCompileMode"):  # older Triton: compile one by one when timed
+        return
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool, \
+            triton.AsyncCompileMode(pool, ignore_errors=True):
+        for cfg in candidates:
+            try:
+                launch(cfg, warmup=True)
+            except Exception:  # reported when the candidate is timed
+                pass
 
 
 def _tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> dict:
@@ -470,6 +513,35 @@ def check_supported(spec, dtype: torch.dtype) -> None:
                          f"(rows of 16 bytes for the tensor-descriptor copies), got {spec.head_dim}")
 
 
+@dataclass(frozen=True)
+class _Problem:
+    """What a launch depends on apart from the tensors, worked out once per distinct problem."""
+
+    work: torch.dtype   # the dtype the kernel computes in
+    qk_scale: float
+    host_desc: bool
+    constexprs: tuple   # (name, value) of the problem's tl.constexpr arguments
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem(spec, dtype: torch.dtype, variant: Variant, precision: str, host_desc: bool | None) -> _Problem:
+    """Checks and launch constants of one problem: a repeated call (a decode loop, a benchmark)
+    costs a dictionary lookup here instead of the whole check (per-call host time is what
+    small problems are made of)."""
+    check_supported(spec, dtype)
+    if precision not in ("ieee", "tf32"):
+        raise ValueError(f"precision must be 'ieee' or 'tf32', got {precision!r}")
+    work = torch.float32 if (not ON_GPU and dtype == torch.bfloat16) else dtype
+    scale = abs(spec.scale)
+    if host_desc is None:
+        host_desc = ON_GPU and 4 * spec.batch * spec.heads * spec.n_q * spec.n_k * spec.head_dim >= HOST_DESC_MIN_FLOPS
+    constexprs = (("HEAD_DIM", spec.head_dim), ("D_PAD", head_dim_pad(spec.head_dim)),
+                  ("HAS_LEFT", spec.left >= 0), ("HAS_RIGHT", spec.right >= 0), ("EXP2", variant.exp2),
+                  ("SKIP_MASKED", variant.skip_masked), ("HOST_DESC", host_desc),
+                  ("PRECISION", precision if work == torch.float32 else None))
+    return _Problem(work, scale * LOG2E if variant.exp2 else scale, host_desc, constexprs)
+
+
 def prepare_inputs(q, k, v, spec):
     """Contiguous, 16-byte aligned inputs in the dtype the kernel computes in, and the scale.
 
@@ -490,6 +562,17 @@ def prepare_inputs(q, k, v, spec):
     return prep(q), prep(k), prep(v), scale, work
 
 
+#: (problem, launch config, device) -> the compiled kernel bound to its grid.  On a GPU a
+#: repeated launch calls it directly: Triton's JIT entry point re-derives the specialisation
+#: key from every argument on every call, which costs more host time than the launch itself
+#: at small sizes.  Every argument the key depends on is fixed by the problem (shapes, masks)
+#: or by ``prepare_inputs`` (16-byte aligned pointers), so the cached kernel is the one the
+#: JIT would pick.
+_COMPILED: dict[tuple, object] = {}
+#: the names of ``_attn_fwd``'s constexpr arguments, in signature order (all after ``right``)
+_CONSTEXPR_ORDER = tuple(inspect.signature(getattr(_attn_fwd, "fn", _attn_fwd)).parameters)[12:]
+
+
 def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "ieee", host_desc: bool | None = None):
     """Check and prepare the inputs once; return ``(launch, o, lse, work_dtype)``.
 
@@ -498,40 +581,45 @@ def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "
     the tuner calls it once per candidate.  ``host_desc`` picks where the tensor descriptors
     are built (default: on the host for problems of at least ``HOST_DESC_MIN_FLOPS``).
     """
-    check_supported(spec, q.dtype)
-    if precision not in ("ieee", "tf32"):
-        raise ValueError(f"precision must be 'ieee' or 'tf32', got {precision!r}")
-    q_, k_, v_, scale, work = prepare_inputs(q, k, v, spec)
+    problem = _problem(spec, q.dtype, variant, precision, host_desc)
+    q_, k_, v_, _, work = prepare_inputs(q, k, v, spec)
     B, H, Hkv, Nq, Nk, D = spec.batch, spec.heads, spec.kv_heads, spec.n_q, spec.n_k, spec.head_dim
     o = torch.empty((B, H, Nq, D), dtype=work, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    qk_scale = scale * LOG2E if variant.exp2 else scale
-    statics = dict(HEAD_DIM=D, D_PAD=head_dim_pad(D), HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0,
-                   EXP2=variant.exp2, SKIP_MASKED=variant.skip_masked,
-                   PRECISION=precision if work == torch.float32 else None)
-    if host_desc is None:
-        host_desc = ON_GPU and 4 * B * H * Nq * Nk * D >= HOST_DESC_MIN_FLOPS
-    rest = (o, lse, qk_scale, Nq, Nk, H, Hkv, spec.left, spec.right)
-    rows = (q_.view(B * H * Nq, D), k_.view(B * Hkv * Nk, D), v_.view(B * Hkv * Nk, D))  # (B·H·N, D)
+    rest = (o, lse, problem.qk_scale, Nq, Nk, H, Hkv, spec.left, spec.right)
+    statics = dict(problem.constexprs)
+    d_pad = statics["D_PAD"]
 
     def launch(cfg, warmup=False):
         paired = bool(cfg.get("paired", False))
         bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
         n_blocks = triton.cdiv(Nq, bm)
         grid = ((n_blocks + 1) // 2 if paired else n_blocks, B * H)
-        if host_desc:
-            qd, kd, vd = rows
-            tensors = (TensorDescriptor(qd, [B * H * Nq, D], [D, 1], [bm, statics["D_PAD"]]),
-                       TensorDescriptor(kd, [B * Hkv * Nk, D], [D, 1], [bn, statics["D_PAD"]]),
-                       TensorDescriptor(vd, [B * Hkv * Nk, D], [D, 1], [bn, statics["D_PAD"]]))
+        if problem.host_desc:  # over the rows of all heads, (B·H·N, D)
+            tensors = (TensorDescriptor(q_.view(B * H * Nq, D), [B * H * Nq, D], [D, 1], [bm, d_pad]),
+                       TensorDescriptor(k_.view(B * Hkv * Nk, D), [B * Hkv * Nk, D], [D, 1], [bn, d_pad]),
+                       TensorDescriptor(v_.view(B * Hkv * Nk, D), [B * Hkv * Nk, D], [D, 1], [bn, d_pad]))
         else:
             tensors = (q_, k_, v_)
             if ON_GPU:
                 triton.set_allocator(_scratch)  # a context variable: set it where the launch happens
-        kernel = _attn_fwd.warmup if warmup else _attn_fwd[grid]
-        return kernel(*tensors, *rest, **statics, HOST_DESC=host_desc, BLOCK_M=bm, BLOCK_N=bn, PAIRED=paired,
-                      WARP_SPECIALIZE=bool(cfg.get("ws", False)), num_warps=cfg["num_warps"],
-                      num_stages=cfg["num_stages"], **(dict(grid=grid) if warmup else {}))
+        meta = dict(statics, BLOCK_M=bm, BLOCK_N=bn, PAIRED=paired, WARP_SPECIALIZE=bool(cfg.get("ws", False)),
+                    EMU=bool(cfg.get("emu", False)) and statics["EXP2"])
+        if warmup or not ON_GPU:
+            kernel = _attn_fwd.warmup if warmup else _attn_fwd[grid]
+            return kernel(*tensors, *rest, **meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                          **(dict(grid=grid) if warmup else {}))
+        key = (problem, spec.n_q, spec.n_k, spec.batch, spec.heads, spec.kv_heads, spec.left, spec.right,
+               bm, bn, cfg["num_warps"], cfg["num_stages"], paired, meta["WARP_SPECIALIZE"], meta["EMU"],
+               q.device.index)
+        run = _COMPILED.get(key)
+        if run is None:  # first launch: through the JIT (compiles or finds the kernel), then keep it
+            compiled = _attn_fwd[grid](*tensors, *rest, **meta, num_warps=cfg["num_warps"],
+                                       num_stages=cfg["num_stages"])
+            _COMPILED[key] = compiled[(*grid, 1)]  # the compiled kernel's grid has all three dims
+            return compiled
+        # the compiled kernel takes every argument in signature order, constexprs included
+        return run(*tensors, *rest, *(meta[name] for name in _CONSTEXPR_ORDER))
 
     return launch, o, lse, work
 
@@ -580,12 +668,17 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
     cfg = None if retune else CACHE.get(device, key)
     if cfg is None:
         d_pad = head_dim_pad(spec.head_dim)
-        if retune or _autotune_enabled():
+        # exact fp32 products run on the CUDA cores, not the Tensor Cores this chapter tunes for
+        # (and their compiles are slow): they get the default unless asked to retune
+        tensor_cores = work != torch.float32 or precision == "tf32"
+        if retune or (_autotune_enabled() and tensor_cores):
             cands = list(candidates or candidate_configs(variant.space, d_pad, work.itemsize, spec.n_q))
             refine = []
             if candidates is None and variant.space == "pipelined":
                 if spec.mask == "causal":
                     refine.append({"paired": True})
+                if work.itemsize == 2:  # exponentials partly on the FMA units (P is 16-bit anyway)
+                    refine.append({"emu": 1})
                 if major >= 10:
                     # Triton's automatic warp specialization pays on Blackwell; on Hopper
                     # (Triton 3.6) it leaves this kernel unchanged, so it is not tried there.
