@@ -118,7 +118,7 @@ def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
 def get(name: str) -> Implementation:
     _load_all()
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown impl {name!r}; known implementations: {', '.join(_REGISTRY)}")
+        raise ValueError(f"unknown impl {name!r}; known implementations: {', '.join(implementations())}")
     return _REGISTRY[name]
 
 

@@ -57,25 +57,27 @@ def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> 
     """Validate ``q, k, v`` and the mask, and describe the problem."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    # shapes and devices read once: this runs on every call, and small calls are host-bound
+    device = q.device
+    if not (device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {device}, {k.device}, {v.device}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     B, H, Nq, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
-    if k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same number of heads, got {k.shape[1]} and {v.shape[1]}")
-    Hkv = k.shape[1]
+    Bk, Hkv, Nk, Dk = k.shape
+    Bv, Hv, Nv, Dv = v.shape
+    if Bk != B or Bv != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {Bk}, v {Bv}")
+    if Hkv != Hv:
+        raise ValueError(f"k and v must have the same number of heads, got {Hkv} and {Hv}")
     if Hkv == 0 or H % Hkv != 0:
         raise ValueError(f"query heads ({H}) must be a multiple of key/value heads ({Hkv})")
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must have the same sequence length, got {k.shape[2]} and {v.shape[2]}")
-    if k.shape[3] != D:
-        raise ValueError(f"q and k must have the same head dim, got {D} and {k.shape[3]}")
-    if v.shape[3] != D:
-        raise ValueError(f"v must have the same head dim as q ({D}), got {v.shape[3]}")
-    Nk = k.shape[2]
+    if Nk != Nv:
+        raise ValueError(f"k and v must have the same sequence length, got {Nk} and {Nv}")
+    if Dk != D:
+        raise ValueError(f"q and k must have the same head dim, got {D} and {Dk}")
+    if Dv != D:
+        raise ValueError(f"v must have the same head dim as q ({D}), got {Dv}")
     if min(B, H, Nq, Nk, D) == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
     if not isinstance(causal, bool):
@@ -92,5 +94,5 @@ def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> 
     if not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number, got {scale}")
     eff_left, eff_right = effective_window(causal, (left, right))
-    return AttentionSpec(B, H, Hkv, Nq, Nk, D, v.shape[3], scale, causal, (left, right),
-                         eff_left, eff_right, q.dtype, q.device)
+    return AttentionSpec(B, H, Hkv, Nq, Nk, D, Dv, scale, causal, (left, right),
+                         eff_left, eff_right, q.dtype, device)
