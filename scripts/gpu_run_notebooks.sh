@@ -8,7 +8,8 @@
 # Knobs: NB_BUDGET (seconds after which no further notebook starts, default 330), NB_TIMEOUT (seconds
 # after which the notebook run is killed, default 420), CELL_TIMEOUT (default 300), TEST_TIMEOUT
 # (seconds for the test suite, default 150), NBVAL_BOOK=1 (also run book/ under nbval: the notebooks
-# above already ran every cell of it).
+# above already ran every cell of it), PARTS (default "notebooks tests": either one alone splits the run
+# into two calls).
 #
 # A machine without jupyter (the lent GPU machines have torch/triton/numba/pytest but no nbclient,
 # ipykernel or nbval) gets them from wheels in .whl/notebooks/ (git-ignored), fetched beforehand on a
@@ -46,11 +47,18 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
+PARTS=${PARTS:-notebooks tests}
+nb_rc=0
+test_rc=0
+if [[ " $PARTS " == *" notebooks "* ]]; then
 t0=$(date +%s)
 timeout "${NB_TIMEOUT:-420}" "$PY" scripts/gpu_run_notebooks.py --out "$OUTDIR" --budget "${NB_BUDGET:-330}" \
   --cell-timeout "${CELL_TIMEOUT:-300}" "$@"
 nb_rc=$?
 echo "gpu_run: notebooks took $(( $(date +%s) - t0 )) s (exit $nb_rc)"
+fi
+
+if [[ " $PARTS " == *" tests "* ]]; then
 
 t1=$(date +%s)
 targets=(tests exercises)
@@ -82,6 +90,7 @@ if os.path.exists(path):
     blob["meta"]["tests"] = summary
     json.dump(blob, open(path, "w"), indent=1)
 PY
+fi
 
 # the executed notebooks as one file (the device tool brings back few files)
 if [ -d "$OUTDIR/executed" ]; then
