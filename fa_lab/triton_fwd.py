@@ -521,7 +521,6 @@ def check_supported(spec, dtype: torch.dtype) -> None:
 class _Problem:
     """What a launch depends on apart from the tensors, worked out once per distinct problem."""
 
-    work: torch.dtype   # the dtype the kernel computes in
     qk_scale: float
     host_desc: bool
     constexprs: tuple   # (name, value) of the problem's tl.constexpr arguments
@@ -543,7 +542,7 @@ def _problem(spec, dtype: torch.dtype, variant: Variant, precision: str, host_de
                   ("HAS_LEFT", spec.left >= 0), ("HAS_RIGHT", spec.right >= 0), ("EXP2", variant.exp2),
                   ("SKIP_MASKED", variant.skip_masked), ("HOST_DESC", host_desc),
                   ("PRECISION", precision if work == torch.float32 else None))
-    return _Problem(work, scale * LOG2E if variant.exp2 else scale, host_desc, constexprs)
+    return _Problem(scale * LOG2E if variant.exp2 else scale, host_desc, constexprs)
 
 
 def prepare_inputs(q, k, v, spec):
