@@ -9,6 +9,16 @@ import torch
 
 from .world import DEVICE
 
+#: One call of each mask kind (keyword arguments of ``fa_lab.attention``): none, causal, a
+#: sliding window, a two-sided window, causal with a window.  Sizes 2..4 keep tiny problems masked.
+MASKS = [
+    dict(causal=False, window=(-1, -1)),
+    dict(causal=True, window=(-1, -1)),
+    dict(causal=False, window=(4, 0)),
+    dict(causal=False, window=(2, 3)),
+    dict(causal=True, window=(3, -1)),
+]
+
 #: (atol, rtol) on O against the float64 reference, per input dtype.
 TOLERANCE = {
     torch.float64: (1e-10, 1e-10),

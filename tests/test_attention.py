@@ -12,7 +12,7 @@ import torch
 
 import fa_lab
 from fa_lab.reference import reference_attention
-from fa_lab.testing import assert_close, random_qkv
+from fa_lab.testing import MASKS, assert_close, random_qkv
 
 # (batch, heads, kv_heads, n_q, n_k)
 SHAPES = [
@@ -20,13 +20,6 @@ SHAPES = [
     (1, 2, 2, 17, 17),
     (2, 2, 1, 5, 23),    # Nq < Nk (decoding-like), GQA
     (1, 4, 2, 23, 9),    # Nq > Nk: causal leaves the first rows with no key
-]
-MASKS = [
-    dict(causal=False, window=(-1, -1)),
-    dict(causal=True, window=(-1, -1)),
-    dict(causal=False, window=(4, 0)),
-    dict(causal=False, window=(2, 3)),
-    dict(causal=True, window=(3, -1)),
 ]
 
 

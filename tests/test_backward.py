@@ -15,7 +15,7 @@ import fa_lab
 from fa_lab import torch_tiled
 from fa_lab.autograd import saved_for_backward
 from fa_lab.reference import reference_attention
-from fa_lab.testing import max_error, random_qkv
+from fa_lab.testing import MASKS, max_error, random_qkv
 
 # (batch, heads, kv_heads, n_q, n_k, head_dim)
 SHAPES = [
@@ -24,13 +24,6 @@ SHAPES = [
     (2, 2, 1, 5, 23, 16),     # Nq < Nk, GQA
     (1, 4, 2, 23, 9, 16),     # Nq > Nk: causal leaves the first rows with no key
     (1, 3, 1, 33, 40, 24),    # GQA group of 3, head dim no power of two
-]
-MASKS = [
-    dict(causal=False, window=(-1, -1)),
-    dict(causal=True, window=(-1, -1)),
-    dict(causal=False, window=(4, 0)),
-    dict(causal=False, window=(2, 3)),
-    dict(causal=True, window=(3, -1)),
 ]
 #: gradients vs the float64 reference: |err| <= tol · (1 + |ref|), tol relative to the largest gradient
 GRAD_TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
