@@ -61,6 +61,29 @@ def time_fn(fn, *, warmup: int = 3, rep: int = 10, gpu_ms=None) -> dict:
                 timer="wall-clock (CPU simulator/interpreter)")
 
 
+def time_interleaved(fns: dict, *, rounds: int = 5, gpu_ms=(10, 40)) -> dict[str, dict]:
+    """``time_fn`` for several callables (peers on the same inputs), in alternating rounds.
+
+    Under sustained load a GPU's clock drifts (an H100 at full power can lose 5-10% over a
+    minute), so peers timed one after the other would each see a different clock.  Here every
+    round times each callable once, in a rotated order; each one's result is the median of
+    its rounds' medians, with the spread of the rounds as p10/p90.
+    """
+    names = list(fns)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(time_fn(fns[name], gpu_ms=gpu_ms)["ms"])
+    out = {}
+    for name, ms in samples.items():
+        p10, p90 = (statistics.quantiles(ms, n=10, method="inclusive")[i] for i in (0, -1)) if rounds > 1 \
+            else (ms[0], ms[0])
+        out[name] = dict(ms=statistics.median(ms), ms_p10=p10, ms_p90=p90, rounds=rounds,
+                         timer=("cuda-events (do_bench), " if ON_GPU else "wall-clock, ")
+                         + f"median of {rounds} interleaved rounds")
+    return out
+
+
 def _peak_extra_bytes(fn, spec, impl) -> tuple[int | None, str]:
     """Peak memory a call needs beyond its inputs and its returned outputs."""
     if ON_GPU and spec.device.type == "cuda" and not impl.host_only:

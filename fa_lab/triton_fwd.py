@@ -18,7 +18,9 @@ What the final kernel adds to the textbook loop (each step is measured in chapte
 * **Masked blocks skipped**: for each query block the key loop runs over three ranges —
   the blocks on a window's left edge (masked), the blocks every row sees in full (no mask
   at all), the blocks on the diagonal / right edge / the sequence tail (masked).  Blocks no
-  row can see are never loaded.
+  row can see are never loaded, and the masked ranges are walked in tiles no wider than
+  ``BLOCK_M`` (``BLOCK_N_EDGE``): a 64-row query block on the diagonal does not compute a
+  128-key tile of which half lies above the diagonal.
 * **Autotuning** of tile sizes, warps and software-pipelining depth per
   (head dim, sequence-length bucket, dtype, mask), with the winners kept in a JSON cache;
   for causal masks the tuner also tries pairing query blocks ``i`` and ``last - i`` in one
@@ -39,7 +41,7 @@ import json
 import os
 import statistics
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -140,8 +142,10 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
 
 
 @triton.jit
-def _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, O, LSE, pid_m, n_q, n_k, left, right, qk_scale,
+def _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, O, LSE, pid_m, n_q, n_k,
+                    left, right, qk_scale,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_N_EDGE: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr,
                     SKIP_MASKED: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                     EMU: tl.constexpr):
@@ -178,10 +182,12 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, O, LSE, pid_m, n_q, n
         mid_hi = n_k
         hi = n_k
 
+    # The two masked ranges step by BLOCK_N_EDGE (<= BLOCK_N, a divisor of it): on an edge,
+    # narrower tiles compute fewer scores that the mask then throws away.
     if HAS_LEFT or not SKIP_MASKED:  # 1. the window's left edge
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, lo, mid_lo,
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k_edge, desc_v_edge, kv_row, lo, mid_lo,
                                         offs_m, n_k, diag, left, right, qk_scale,
-                                        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, False)
+                                        BLOCK_N_EDGE, True, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, False)
     if SKIP_MASKED:
         # 2. blocks every row sees in full: the hot loop, no mask
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_lo, mid_hi,
@@ -189,9 +195,9 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, O, LSE, pid_m, n_q, n
                                         BLOCK_N, False, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, WARP_SPECIALIZE,
                                         BLOCK_M, EMU)
         # 3. the diagonal, the window's right edge and the ragged end of the keys
-        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_hi, hi,
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k_edge, desc_v_edge, kv_row, mid_hi, hi,
                                         offs_m, n_k, diag, left, right, qk_scale,
-                                        BLOCK_N, True, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, False)
+                                        BLOCK_N_EDGE, True, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, False)
 
     # epilogue: normalise once; a row that saw no key gives zeros and lse = -inf
     seen = l_i > 0.0
@@ -209,8 +215,9 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, O, LSE, pid_m, n_q, n
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
+def _attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
               HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_N_EDGE: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr,
               SKIP_MASKED: tl.constexpr, PAIRED: tl.constexpr, HOST_DESC: tl.constexpr,
               PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EMU: tl.constexpr):
@@ -222,7 +229,7 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
         # descriptors built on the host over the rows of all heads, (B·H·N, D): one set shared
         # by every program (cheap for the copy engine); this head's rows start at q_row / kv_row.
         # A key tile hanging past n_k reads the next head's rows: the mask gives them p = 0.
-        desc_q, desc_k, desc_v = Q, K, V
+        desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge = Q, K, V, K_EDGE, V_EDGE
         q_row = pid_bh * n_q
         kv_row = kv_bh * n_k
     else:
@@ -234,6 +241,13 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
                                            [HEAD_DIM, 1], [BLOCK_N, D_PAD])
         desc_v = tl.make_tensor_descriptor(V + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
                                            [HEAD_DIM, 1], [BLOCK_N, D_PAD])
+        if BLOCK_N_EDGE == BLOCK_N:
+            desc_k_edge, desc_v_edge = desc_k, desc_v
+        else:
+            desc_k_edge = tl.make_tensor_descriptor(K + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
+                                                    [HEAD_DIM, 1], [BLOCK_N_EDGE, D_PAD])
+            desc_v_edge = tl.make_tensor_descriptor(V + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
+                                                    [HEAD_DIM, 1], [BLOCK_N_EDGE, D_PAD])
         q_row = 0
         kv_row = 0
     o_bh = O + pid_bh.to(tl.int64) * n_q * HEAD_DIM
@@ -244,21 +258,21 @@ def _attn_fwd(Q, K, V, O, LSE, qk_scale, n_q, n_k, heads, kv_heads, left, right,
         # causal: query block i sees ~i key blocks.  Pair block i with block last - i, so that
         # every program does the same amount of work (and there are half as many programs).
         last = tl.cdiv(n_q, BLOCK_M) - 1
-        _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, o_bh, lse_bh, last - pid_m, n_q, n_k, left, right,
-                        qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED,
-                        PRECISION, WARP_SPECIALIZE, EMU)
+        _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, o_bh, lse_bh,
+                        last - pid_m, n_q, n_k, left, right, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                        BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU)
         if pid_m < last - pid_m:
-            _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, o_bh, lse_bh, pid_m, n_q, n_k, left, right,
-                            qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED,
-                            PRECISION, WARP_SPECIALIZE, EMU)
+            _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, o_bh, lse_bh,
+                            pid_m, n_q, n_k, left, right, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                            BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU)
     else:
         if HAS_RIGHT:
             # causal-like: the last query blocks see the most keys; launch them first so the
             # short ones fill the gaps at the end (less idle time in the last wave)
             pid_m = tl.num_programs(0) - 1 - pid_m
-        _attn_fwd_block(desc_q, desc_k, desc_v, q_row, kv_row, o_bh, lse_bh, pid_m, n_q, n_k, left, right,
-                        qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED,
-                        PRECISION, WARP_SPECIALIZE, EMU)
+        _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, o_bh, lse_bh,
+                        pid_m, n_q, n_k, left, right, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
+                        BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU)
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -269,9 +283,10 @@ def _scratch(size: int, alignment: int, stream):
 def key_block_ranges(m_start, block_m, block_n, n_q, n_k, left=-1, right=-1):
     """The kernel's loop bounds for one query block, in Python (for figures, tests and exercises).
 
-    Returns ``(lo, mid_lo, mid_hi, hi)``: key blocks ``range(lo, mid_lo, block_n)`` and
-    ``range(mid_hi, hi, block_n)`` run with a mask, ``range(mid_lo, mid_hi, block_n)``
-    without one; every other key block is never loaded.  Same arithmetic as ``_attn_fwd_block``.
+    Returns ``(lo, mid_lo, mid_hi, hi)``: keys ``[lo, mid_lo)`` and ``[mid_hi, hi)`` run with a
+    mask, key blocks ``range(mid_lo, mid_hi, block_n)`` without one; every other key is never
+    loaded.  The kernel walks the two masked ranges in tiles of ``min(block_n, block_m)`` keys
+    (``BLOCK_N_EDGE``).  Same arithmetic as ``_attn_fwd_block``.
     """
     diag = n_k - n_q
     lo, hi, full_lo, full_hi = 0, n_k, 0, n_k
@@ -310,8 +325,9 @@ FINAL = Variant()
 #: launch.  Built in the kernel (per head) costs no host time: better for small problems.
 HOST_DESC_MIN_FLOPS = 2 ** 33
 #: what a launch configuration holds (``paired``: causal blocks i and last-i share a program;
-#: ``emu``: 1 computes half of the exponentials on the FMA units)
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "ws", "paired", "emu")
+#: ``emu``: 1 computes half of the exponentials on the FMA units; ``edge``: the width of the
+#: masked edge tiles, default min(BLOCK_N, BLOCK_M))
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "ws", "paired", "emu", "edge")
 #: the one configuration of the untuned steps (no software pipelining: one stage)
 FIXED_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, ws=False)
 #: the interpreter runs one numpy op per tile operation: small tiles keep it quick
@@ -491,7 +507,7 @@ def _tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> di
     # by 5%, and under sustained load the clock drifts down, which would favour whichever
     # finalist happened to be timed first.  The median of each one's rounds decides.
     finalists = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:3]]
-    rounds = [[do_bench(lambda: launch(cfg), warmup=5, rep=40) for cfg in finalists] for _ in range(3)]
+    rounds = [[do_bench(lambda: launch(cfg), warmup=5, rep=40) for cfg in finalists] for _ in range(5)]
     ms, best = min(((statistics.median(times), cfg) for cfg, times in zip(finalists, zip(*rounds))),
                    key=lambda t: t[0])
     TUNING_LOG.append(dict(key=key, **best, ms=ms, final=True))
@@ -517,13 +533,34 @@ def check_supported(spec, dtype: torch.dtype) -> None:
                          f"(rows of 16 bytes for the tensor-descriptor copies), got {spec.head_dim}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # eq=False: hashed by identity, one object per problem (lru_cache)
 class _Problem:
     """What a launch depends on apart from the tensors, worked out once per distinct problem."""
 
     qk_scale: float
     host_desc: bool
     constexprs: tuple   # (name, value) of the problem's tl.constexpr arguments
+    #: (config as a tuple) -> (grid, constexpr values by name): a repeated launch looks them up
+    launches: dict = field(default_factory=dict)
+
+    def launch_meta(self, cfg: dict, n_q: int, batch_heads: int):
+        """Grid and constexpr arguments of one launch configuration (cached per config)."""
+        cfg_key = tuple(cfg.get(name) for name in CONFIG_KEYS)
+        found = self.launches.get(cfg_key)
+        if found is None:
+            statics = dict(self.constexprs)
+            bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+            paired = bool(cfg.get("paired", False))
+            n_blocks = triton.cdiv(n_q, bm)
+            grid = ((n_blocks + 1) // 2 if paired else n_blocks, batch_heads)
+            edge = cfg.get("edge") or min(bn, bm)
+            if bn % edge:
+                raise ValueError(f"config 'edge' ({edge}) must divide BLOCK_N ({bn})")
+            meta = dict(statics, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_EDGE=edge, PAIRED=paired,
+                        WARP_SPECIALIZE=bool(cfg.get("ws", False)),
+                        EMU=bool(cfg.get("emu", False)) and statics["EXP2"])
+            found = self.launches[cfg_key] = (grid, meta, cfg_key)
+        return found
 
 
 @functools.lru_cache(maxsize=1024)
@@ -573,7 +610,8 @@ def prepare_inputs(q, k, v, spec):
 #: JIT would pick.
 _COMPILED: dict[tuple, object] = {}
 #: the names of ``_attn_fwd``'s constexpr arguments, in signature order (all after ``right``)
-_CONSTEXPR_ORDER = tuple(inspect.signature(getattr(_attn_fwd, "fn", _attn_fwd)).parameters)[12:]
+_PARAMS = tuple(inspect.signature(getattr(_attn_fwd, "fn", _attn_fwd)).parameters)
+_CONSTEXPR_ORDER = _PARAMS[_PARAMS.index("right") + 1:]
 
 
 def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "ieee", host_desc: bool | None = None):
@@ -590,39 +628,36 @@ def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "
     o = torch.empty((B, H, Nq, D), dtype=work, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     rest = (o, lse, problem.qk_scale, Nq, Nk, H, Hkv, spec.left, spec.right)
-    statics = dict(problem.constexprs)
-    d_pad = statics["D_PAD"]
 
     def launch(cfg, warmup=False):
-        paired = bool(cfg.get("paired", False))
-        bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-        n_blocks = triton.cdiv(Nq, bm)
-        grid = ((n_blocks + 1) // 2 if paired else n_blocks, B * H)
+        grid, meta, cfg_key = problem.launch_meta(cfg, Nq, B * H)
+        bm, bn, bn_edge, d_pad = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_N_EDGE"], meta["D_PAD"]
         if problem.host_desc:  # over the rows of all heads, (B·H·N, D)
-            tensors = (TensorDescriptor(q_.view(B * H * Nq, D), [B * H * Nq, D], [D, 1], [bm, d_pad]),
-                       TensorDescriptor(k_.view(B * Hkv * Nk, D), [B * Hkv * Nk, D], [D, 1], [bn, d_pad]),
-                       TensorDescriptor(v_.view(B * Hkv * Nk, D), [B * Hkv * Nk, D], [D, 1], [bn, d_pad]))
+            def rows(t, n, block):
+                return TensorDescriptor(t.view(n, D), [n, D], [D, 1], [block, d_pad])
+            desc_k, desc_v = rows(k_, B * Hkv * Nk, bn), rows(v_, B * Hkv * Nk, bn)
+            tensors = (rows(q_, B * H * Nq, bm), desc_k, desc_v,
+                       *((desc_k, desc_v) if bn_edge == bn else
+                         (rows(k_, B * Hkv * Nk, bn_edge), rows(v_, B * Hkv * Nk, bn_edge))))
         else:
-            tensors = (q_, k_, v_)
+            tensors = (q_, k_, v_, k_, v_)  # the kernel builds its descriptors (edge tiles too)
             if ON_GPU:
                 triton.set_allocator(_scratch)  # a context variable: set it where the launch happens
-        meta = dict(statics, BLOCK_M=bm, BLOCK_N=bn, PAIRED=paired, WARP_SPECIALIZE=bool(cfg.get("ws", False)),
-                    EMU=bool(cfg.get("emu", False)) and statics["EXP2"])
         if warmup or not ON_GPU:
             kernel = _attn_fwd.warmup if warmup else _attn_fwd[grid]
             return kernel(*tensors, *rest, **meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                           **(dict(grid=grid) if warmup else {}))
-        key = (problem, spec.n_q, spec.n_k, spec.batch, spec.heads, spec.kv_heads, spec.left, spec.right,
-               bm, bn, cfg["num_warps"], cfg["num_stages"], paired, meta["WARP_SPECIALIZE"], meta["EMU"],
-               q.device.index)
+        key = (problem, cfg_key, q.device.index)  # the problem fixes shapes, masks and dtype
         run = _COMPILED.get(key)
         if run is None:  # first launch: through the JIT (compiles or finds the kernel), then keep it
             compiled = _attn_fwd[grid](*tensors, *rest, **meta, num_warps=cfg["num_warps"],
                                        num_stages=cfg["num_stages"])
-            _COMPILED[key] = compiled[(*grid, 1)]  # the compiled kernel's grid has all three dims
+            # the compiled kernel's grid has all three dims; it takes every argument in
+            # signature order, constexprs included
+            _COMPILED[key] = (compiled[(*grid, 1)], tuple(meta[name] for name in _CONSTEXPR_ORDER))
             return compiled
-        # the compiled kernel takes every argument in signature order, constexprs included
-        return run(*tensors, *rest, *(meta[name] for name in _CONSTEXPR_ORDER))
+        run, constexprs = run
+        return run(*tensors, *rest, *constexprs)
 
     return launch, o, lse, work
 
@@ -641,7 +676,7 @@ def triton_forward(q, k, v, spec, *, variant: Variant = FINAL, config: dict | No
     if config is None:
         config = choose_config(launch, spec, work, variant, precision, candidates=candidates, retune=retune)
     launch(config)
-    return o.to(q.dtype), lse
+    return (o if o.dtype == q.dtype else o.to(q.dtype)), lse
 
 
 #: (device, dtype, D, buckets, mask, space) -> config resolved in this process: the per-call fast path

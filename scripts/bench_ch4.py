@@ -3,13 +3,15 @@ the chapter's steps, and the autotuner's measurements.
 
     python scripts/bench_ch4.py [--out DIR] [--tune] [--configs-out FILE] [--no-steps]
 
-Every peer in a row gets the same q, k, v and is timed the same way (fa_lab.timing.time_fn:
-triton.testing.do_bench, L2 cleared between calls, median).  Writes gpu_ch4.json
+Every peer in a row gets the same q, k, v and is timed the same way, in interleaved rounds
+(fa_lab.timing.time_interleaved: triton.testing.do_bench, L2 cleared between calls, the median
+of nine rounds' medians), so that a clock drifting under load does not favour one of them.  Writes gpu_ch4.json
 (fa_lab.recorded format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
 benchmark touches again (instead of using the cached winners) and ``--configs-out`` writes
 the winners in the format of fa_lab/data/triton_fwd_configs.json.
 """
 import argparse
+import functools
 import json
 import os
 import sys
@@ -23,7 +25,7 @@ from fa_lab import recorded, triton_fwd
 from fa_lab.bench.calls import ours, sdpa
 from fa_lab.flops import attention_flops
 from fa_lab.testing import random_qkv
-from fa_lab.timing import time_fn
+from fa_lab.timing import time_fn, time_interleaved
 from fa_lab.triton_steps import STEPS
 
 # (batch, heads, seq, head_dim, causal): the issue's table, then the small-shape latency row
@@ -53,6 +55,45 @@ def measure(fn, q, k, v, causal, row, dtype, impl, section, ref=None):
         rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
     torch.cuda.empty_cache()
     return rec
+
+
+def measure_peers(row, dtype, rounds=9):
+    """Our kernel and each SDPA backend on the same inputs, timed in interleaved rounds.
+
+    Small problems also get the GPU-only time of one call, from a CUDA graph replay: there
+    do_bench partly measures the host (Python, launch), for every peer alike.
+    """
+    import triton.testing
+
+    B, H, N, D, causal = row
+    q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
+    calls = {name: sdpa(backend) for name, backend in PEERS.items()}
+    calls["triton"] = ours("triton")
+    flops = attention_flops(B, H, N, N, D, causal=causal)
+    recs, fns = {}, {}
+    ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
+    for name, fn in calls.items():
+        rec = dict(section="peers", impl=name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype, causal=causal)
+        try:
+            out = fn(q, k, v, causal)
+            if name == "triton":
+                rec["max_abs_diff_vs_sdpa_flash"] = float((out.float() - ref.float()).abs().max())
+            fns[name] = functools.partial(fn, q, k, v, causal)
+            rec["status"] = "ok"
+        except Exception as exc:  # a peer that cannot run a row is a fact, not a crash
+            rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+        recs[name] = rec
+    for name, timing in time_interleaved(fns, rounds=rounds, gpu_ms=(10, 50)).items():
+        recs[name].update(timing, tflops=flops / (timing["ms"] * 1e-3) / 1e12)
+        if timing["ms"] < 0.1:
+            try:
+                recs[name]["gpu_us_cudagraph"] = triton.testing.do_bench_cudagraph(fns[name], rep=50) * 1e3
+            except Exception as exc:
+                recs[name]["gpu_us_cudagraph"] = None
+                recs[name]["cudagraph_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    del q, k, v, ref
+    torch.cuda.empty_cache()
+    return list(recs.values())
 
 
 def tune_row(row, dtype, variant, candidates=None):
@@ -190,13 +231,7 @@ def main(argv=None):
 
     for dtype in ("float16", "bfloat16"):
         for row in rows:
-            B, H, N, D, causal = row
-            q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
-            ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
-            for name, backend in PEERS.items():
-                records.append(measure(sdpa(backend), q, k, v, causal, row, dtype, name, "peers"))
-            records.append(measure(ours("triton"), q, k, v, causal, row, dtype, "triton", "peers", ref=ref))
-            del q, k, v, ref
+            records += measure_peers(row, dtype)
             flush()
             r = {rec["impl"]: rec.get("tflops") for rec in records[-3:]}
             print(f"{dtype} {row}: " + "  ".join(f"{n} {t:.0f}" if t else f"{n} -" for n, t in r.items()), flush=True)

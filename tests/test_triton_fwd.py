@@ -119,6 +119,23 @@ def test_paired_causal_blocks(n_q, n_k):
         assert_close(lse, ref_lse, torch.float16)
 
 
+@pytest.mark.parametrize("host_desc", [True, False])
+@pytest.mark.parametrize("paired", [False, True])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(9, 4)), dict(window=(20, -1)),
+                                  dict(causal=True, window=(30, -1))], ids=str)
+def test_edge_tiles_narrower_than_the_key_tiles(mask, paired, host_desc):
+    # BLOCK_N = 4 * BLOCK_M: the masked ranges (window edges, diagonal, ragged end) are walked
+    # in BLOCK_M-wide tiles (BLOCK_N_EDGE), the unmasked middle in BLOCK_N-wide ones
+    q, k, v = random_qkv(1, 2, 45, 150, 32, kv_heads=1, dtype=torch.float16, seed=17)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    base = triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG
+    cfg = dict(base, BLOCK_N=4 * base["BLOCK_M"], paired=paired and spec.mask == "causal")
+    o, lse = triton_forward(q, k, v, spec, config=cfg, host_desc=host_desc)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.float16)
+    assert_close(lse, ref_lse, torch.float16)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(9, 4))], ids=str)
 def test_exponentials_on_the_fma_units(dtype, mask):
