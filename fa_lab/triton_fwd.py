@@ -378,12 +378,10 @@ def default_config(space: str, d_pad: int, n_q: int, mask: str = "none") -> dict
         return dict(FIXED_CONFIG)
     if d_pad >= 256:
         cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2, ws=False)
-    elif d_pad == 128 and mask != "none":
-        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3, ws=False, paired=mask == "causal")
     elif d_pad == 128:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=1, ws=False)
     else:
-        cfg = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, ws=False)
+        cfg = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, ws=False, paired=mask == "causal")
     if space == "tuned":
         cfg.update(num_stages=1, paired=False)
     return cfg

@@ -104,6 +104,24 @@ def run_notebook(path: Path, timeout: int, out_dir: Path) -> dict:
     return record
 
 
+def merge_into_earlier(earlier: Path, now: Path) -> None:
+    """A partial re-run: its records replace the same notebooks' records of an earlier full run.
+
+    The earlier run's meta stays (it describes most records); each replaced record carries the
+    date of the run that made it, and ``meta["reruns"]`` lists the re-runs.
+    """
+    import json
+
+    old, new = json.loads(earlier.read_text()), json.loads(now.read_text())
+    fresh = {r["notebook"]: dict(r, date=new["meta"]["date"]) for r in new["records"]}
+    records = [fresh.pop(r["notebook"], r) for r in old["records"]] + list(fresh.values())
+    meta = dict(old["meta"])
+    meta["reruns"] = meta.get("reruns", []) + [{"date": new["meta"]["date"], "device": new["meta"].get("device"),
+                                                 "command": new["meta"].get("command"),
+                                                 "notebooks": [r["notebook"] for r in new["records"]]}]
+    now.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True, help="folder for gpu_notebooks.json and executed/")
@@ -112,6 +130,9 @@ def main(argv=None) -> int:
                     help="seconds for the whole run: no notebook is started after it is spent")
     ap.add_argument("--tests", default=None, help="test-suite summary line to record in meta")
     ap.add_argument("--allow-cpu", action="store_true", help="dry run in the CPU world (not a GPU recording)")
+    ap.add_argument("--update", type=Path, default=None,
+                    help="an earlier gpu_notebooks.json: the notebooks run now replace their records in it "
+                         "(each marked with this run's date), the others keep theirs; written to --out")
     ap.add_argument("notebooks", nargs="*", type=Path, help="default: every .ipynb in _toc.yml")
     args = ap.parse_args(argv)
 
@@ -138,6 +159,8 @@ def main(argv=None) -> int:
             print(f"    {r['status']} in {r['wall_s']} s, {r['images']} images"
                   + (f": {r['error']}" if r["error"] else ""), flush=True)
         recorded.save("gpu_notebooks", records, command=command, directory=args.out, tests=args.tests)
+    if args.update is not None:
+        merge_into_earlier(args.update, args.out / "gpu_notebooks.json")
     failed = [r["notebook"] for r in records if r["status"] != "ok"]
     print(f"{len(records) - len(failed)} of {len(records)} notebooks ran clean"
           + (f"; not clean: {failed}" if failed else ""))

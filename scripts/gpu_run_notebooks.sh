@@ -9,7 +9,9 @@
 # after which the notebook run is killed, default 420), CELL_TIMEOUT (default 300), TEST_TIMEOUT
 # (seconds for the test suite, default 150), NBVAL_BOOK=1 (also run book/ under nbval: the notebooks
 # above already ran every cell of it), PARTS (default "notebooks tests": either one alone splits the run
-# into two calls).
+# into two calls), WORKERS (pytest-xdist processes for the tests, default 1: compiling the kernels is
+# most of a GPU test run, and the GPU machines have 16 cores), NOTEBOOKS (only these notebooks, their
+# records merged into fa_lab/data/gpu_notebooks.json's).
 #
 # A machine without jupyter (the lent GPU machines have torch/triton/numba/pytest but no nbclient,
 # ipykernel or nbval) gets them from wheels in .whl/notebooks/ (git-ignored), fetched beforehand on a
@@ -21,7 +23,7 @@ WHEELS="asttokens==3.0.1 comm==0.2.3 debugpy==1.8.22 decorator==5.2.1 executing=
   jupyter-client==8.10.0 jupyter-core==5.9.1 matplotlib-inline==0.2.2 nbclient==0.11.0 nbformat==5.11.1
   nbval==0.11.0 nest-asyncio2==1.7.4 parso==0.8.7 pexpect==4.8.0 platformdirs==4.14.7 prompt-toolkit==3.0.52
   ptyprocess==0.7.0 pure-eval==0.2.3 pyzmq==27.3.0 referencing==0.37.0 rpds-py==0.30.0 stack-data==0.6.3
-  tornado==6.6.1 traitlets==5.15.0 wcwidth==0.7.0"
+  tornado==6.6.1 traitlets==5.15.0 wcwidth==0.7.0 execnet==2.1.2 pytest-xdist==3.8.0"
 if [ "${1:-}" = --fetch-wheels ]; then
   exec "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -33,7 +35,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUTDIR"
 exec > >(tee "$OUTDIR/gpu_run.log") 2>&1
 
-if ! "$PY" -c "import nbclient, ipykernel, nbval" >/dev/null 2>&1; then
+if ! "$PY" -c "import nbclient, ipykernel, nbval, xdist" >/dev/null 2>&1; then
   if compgen -G ".whl/notebooks/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/fa_lab_site .whl/notebooks/*.whl || exit 1
@@ -52,8 +54,10 @@ nb_rc=0
 test_rc=0
 if [[ " $PARTS " == *" notebooks "* ]]; then
 t0=$(date +%s)
+only=()
+[ -n "${NOTEBOOKS:-}" ] && only=(--update fa_lab/data/gpu_notebooks.json $NOTEBOOKS)
 timeout "${NB_TIMEOUT:-420}" "$PY" scripts/gpu_run_notebooks.py --out "$OUTDIR" --budget "${NB_BUDGET:-330}" \
-  --cell-timeout "${CELL_TIMEOUT:-300}" "$@"
+  --cell-timeout "${CELL_TIMEOUT:-300}" "$@" "${only[@]}"
 nb_rc=$?
 echo "gpu_run: notebooks took $(( $(date +%s) - t0 )) s (exit $nb_rc)"
 fi
@@ -66,12 +70,15 @@ targets=(tests exercises)
 # pytest-timeout >= 2.3 stops the session itself and still prints the summary line
 stop=()
 "$PY" -m pytest --help 2>/dev/null | grep -q -- --session-timeout && stop=(--session-timeout "${TEST_TIMEOUT:-150}")
+# several workers: each notebook stays whole on one of them (its cells share one kernel)
+xdist=()
+[ "${WORKERS:-1}" -gt 1 ] && xdist=(-n "$WORKERS" --dist loadfile)
 timeout $(( ${TEST_TIMEOUT:-150} + 30 )) "$PY" -m pytest "${targets[@]}" --nbval-lax --nbval-current-env -q \
-  "${stop[@]}" >"$OUTDIR/pytest.log" 2>&1
+  "${stop[@]}" "${xdist[@]}" >"$OUTDIR/pytest.log" 2>&1
 test_rc=$?
 tail -n 25 "$OUTDIR/pytest.log"
 # the summary line, or (a run cut off at its limit prints none) the count of its progress marks
-PREFIX="pytest ${targets[*]} --nbval-lax" SECONDS_TAKEN=$(( $(date +%s) - t1 )) \
+PREFIX="pytest ${targets[*]} --nbval-lax ${xdist[*]}" SECONDS_TAKEN=$(( $(date +%s) - t1 )) \
 "$PY" - "$OUTDIR/gpu_notebooks.json" "$OUTDIR/pytest.log" <<'PY'
 import json, os, re, sys
 path, log = sys.argv[1:3]
