@@ -159,10 +159,17 @@ FUSED_FP32 = "sdpa-efficient" if fa_lab.ON_GPU else "sdpa-flash"
 
 
 def test_sdpa_causal_matches_ours_when_square():
-    recs = runner.run_suite(["sdpa-math", FUSED_FP32], [configs.Shape(1, 4, 9, 16, kv_heads=2)],
-                            masks=["causal"], progress=False)
+    # GQA through sdpa-math; the fused fp32 backend without it (on a GPU the efficient backend
+    # takes no GQA input: that is an 'unsupported' row, checked below)
+    recs = runner.run_suite(["sdpa-math"], [configs.Shape(1, 4, 9, 16, kv_heads=2)], masks=["causal"],
+                            progress=False)
+    recs += runner.run_suite([FUSED_FP32], [configs.Shape(1, 4, 9, 16)], masks=["causal"], progress=False)
     for r in recs:
         assert r["status"] == "ok" and r["max_abs_err"] < 1e-5, r
+    if fa_lab.ON_GPU:
+        (gqa,) = runner.run_suite(["sdpa-efficient"], [configs.Shape(1, 4, 9, 16, kv_heads=2)], masks=["causal"],
+                                  progress=False)
+        assert gqa["status"].startswith("unsupported") and "num_heads" in gqa["status"], gqa
 
 
 def test_oom_is_a_row(monkeypatch):

@@ -228,7 +228,7 @@ def test_triton_forward_contract_for_the_backward():
     o, lse = triton_forward(q, k, v, spec)
     assert o.dtype == torch.float16 and lse.dtype == torch.float32 and lse.shape == (1, 2, 9)
     s = (q.double() @ k.double().transpose(-1, -2)) * spec.scale
-    s = s.masked_fill(~fa_lab.visible(9, 12, -1, 0), float("-inf"))
+    s = s.masked_fill(~fa_lab.visible(9, 12, -1, 0).to(s.device), float("-inf"))
     assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-2)
 
 
