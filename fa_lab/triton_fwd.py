@@ -142,50 +142,13 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
 
 
 @triton.jit
-def _attn_fwd_inner_overlap(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop, qk_scale,
-                            BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-    """The unmasked loop, software-pipelined by hand (FlashAttention-3's intra-warpgroup overlap).
-
-    Iteration j issues ``S_j = Q K_jᵀ`` and then ``acc += P_{j-1} V_{j-1}``, and computes the
-    softmax of ``S_j`` while that second product is still running on the Tensor Cores; the
-    rescale by ``alpha_j`` waits for it.  ``P`` is carried to the next iteration (16-bit).
-    """
-    if start < stop:
-        k = desc_k.load([kv_row + start, 0])
-        qk = tl.dot(q, k.T, input_precision=PRECISION)
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        m_i = m_ij
-        p = p.to(q.dtype)
-        for start_n in tl.range(start + BLOCK_N, stop, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            k = desc_k.load([kv_row + start_n, 0])
-            qk = tl.dot(q, k.T, input_precision=PRECISION)                        # S_j first,
-            v = desc_v.load([kv_row + start_n - BLOCK_N, 0])
-            acc = tl.dot(p, v, acc, input_precision=PRECISION)                   # then P_{j-1} V_{j-1}
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)                      # while this runs
-            p = tl.math.exp2(qk * qk_scale - m_ij[:, None])
-            alpha = tl.math.exp2(m_i - m_ij)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_ij
-            p = p.to(q.dtype)
-        v = desc_v.load([kv_row + stop - BLOCK_N, 0])
-        acc = tl.dot(p, v, acc, input_precision=PRECISION)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, O, LSE, pid_m, n_q, n_k,
                     left, right, qk_scale,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_N_EDGE: tl.constexpr,
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr,
                     SKIP_MASKED: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                    EMU: tl.constexpr, OVERLAP: tl.constexpr):
+                    EMU: tl.constexpr):
     """One BLOCK_M × D tile of the output of one (batch, head)."""
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -227,14 +190,10 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_
                                         BLOCK_N_EDGE, True, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, False)
     if SKIP_MASKED:
         # 2. blocks every row sees in full: the hot loop, no mask
-        if OVERLAP and EXP2:
-            acc, l_i, m_i = _attn_fwd_inner_overlap(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_lo, mid_hi,
-                                                    qk_scale, BLOCK_N, PRECISION)
-        else:
-            acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_lo, mid_hi,
-                                            offs_m, n_k, diag, left, right, qk_scale,
-                                            BLOCK_N, False, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, WARP_SPECIALIZE,
-                                            BLOCK_M, EMU)
+        acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, mid_lo, mid_hi,
+                                        offs_m, n_k, diag, left, right, qk_scale,
+                                        BLOCK_N, False, HAS_LEFT, HAS_RIGHT, EXP2, PRECISION, WARP_SPECIALIZE,
+                                        BLOCK_M, EMU)
         # 3. the diagonal, the window's right edge and the ragged end of the keys
         acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, desc_k_edge, desc_v_edge, kv_row, mid_hi, hi,
                                         offs_m, n_k, diag, left, right, qk_scale,
@@ -261,7 +220,7 @@ def _attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_hea
               BLOCK_N_EDGE: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, EXP2: tl.constexpr,
               SKIP_MASKED: tl.constexpr, PAIRED: tl.constexpr, HOST_DESC: tl.constexpr,
-              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EMU: tl.constexpr, OVERLAP: tl.constexpr):
+              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EMU: tl.constexpr):
     pid_bh = tl.program_id(1)
     b = pid_bh // heads
     h = pid_bh % heads
@@ -301,13 +260,11 @@ def _attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_hea
         last = tl.cdiv(n_q, BLOCK_M) - 1
         _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, o_bh, lse_bh,
                         last - pid_m, n_q, n_k, left, right, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
-                        BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU,
-                        OVERLAP)
+                        BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU)
         if pid_m < last - pid_m:
             _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, o_bh, lse_bh,
                             pid_m, n_q, n_k, left, right, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
-                            BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU,
-                            OVERLAP)
+                            BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU)
     else:
         if HAS_RIGHT:
             # causal-like: the last query blocks see the most keys; launch them first so the
@@ -315,8 +272,7 @@ def _attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_hea
             pid_m = tl.num_programs(0) - 1 - pid_m
         _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_row, o_bh, lse_bh,
                         pid_m, n_q, n_k, left, right, qk_scale, HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N,
-                        BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU,
-                        OVERLAP)
+                        BLOCK_N_EDGE, HAS_LEFT, HAS_RIGHT, EXP2, SKIP_MASKED, PRECISION, WARP_SPECIALIZE, EMU)
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -370,9 +326,8 @@ FINAL = Variant()
 HOST_DESC_MIN_FLOPS = 2 ** 33
 #: what a launch configuration holds (``paired``: causal blocks i and last-i share a program;
 #: ``emu``: 1 computes half of the exponentials on the FMA units; ``edge``: the width of the
-#: masked edge tiles, default min(BLOCK_N, BLOCK_M); ``overlap``: the hot loop overlaps the softmax
-#: of one block with the P·V product of the one before)
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "ws", "paired", "emu", "edge", "overlap")
+#: masked edge tiles, default min(BLOCK_N, BLOCK_M))
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "ws", "paired", "emu", "edge")
 #: the one configuration of the untuned steps (no software pipelining: one stage)
 FIXED_CONFIG = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1, ws=False)
 #: the interpreter runs one numpy op per tile operation: small tiles keep it quick
@@ -601,8 +556,7 @@ class _Problem:
                 raise ValueError(f"config 'edge' ({edge}) must divide BLOCK_N ({bn})")
             meta = dict(statics, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_EDGE=edge, PAIRED=paired,
                         WARP_SPECIALIZE=bool(cfg.get("ws", False)),
-                        EMU=bool(cfg.get("emu", False)) and statics["EXP2"],
-                        OVERLAP=bool(cfg.get("overlap", False)))
+                        EMU=bool(cfg.get("emu", False)) and statics["EXP2"])
             found = self.launches[cfg_key] = (grid, meta, cfg_key)
         return found
 

@@ -136,22 +136,6 @@ def test_edge_tiles_narrower_than_the_key_tiles(mask, paired, host_desc):
     assert_close(lse, ref_lse, torch.float16)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(9, 4)), dict(window=(40, -1))], ids=str)
-@pytest.mark.parametrize("n_q,n_k", [(45, 70), (70, 45), (16, 16), (3, 100)])
-def test_softmax_overlapping_the_pv_product(dtype, mask, n_q, n_k):
-    # config 'overlap': the unmasked loop issues S_j, then P_{j-1} V_{j-1}, then the softmax of S_j;
-    # lengths with zero, one and several unmasked key blocks per query block
-    q, k, v = random_qkv(2, 4, n_q, n_k, 32, kv_heads=2, dtype=dtype, seed=n_q + 7 * n_k)
-    spec = fa_lab.make_spec(q, k, v, **mask)
-    base = triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG
-    for cfg in (dict(base, overlap=True), dict(base, overlap=True, BLOCK_N=2 * base["BLOCK_N"])):
-        o, lse = triton_forward(q, k, v, spec, config=cfg)
-        ref_o, ref_lse = reference_attention(q, k, v, spec)
-        assert_close(o, ref_o, dtype)
-        assert_close(lse, ref_lse, dtype)
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(9, 4))], ids=str)
 def test_exponentials_on_the_fma_units(dtype, mask):
