@@ -1,5 +1,7 @@
 """``fa-lab bench``: parsing, the FLOP formula, OOM/unsupported rows, the CSV/JSON schema."""
+import itertools
 import json
+import time
 
 import pandas as pd
 import pytest
@@ -230,3 +232,36 @@ def test_recorded_gpu_files_follow_the_schema(suite):
         for key in ("device", "driver", "torch", "triton", "date", "command"):
             assert meta.get(key), key
     assert not recorded_table(suite, value="tflops").empty
+
+
+# ---------------------------------------------------------------------------- interleaved timing
+
+def test_time_interleaved_times_each_callable_every_round_in_rotated_order():
+    from fa_lab.timing import time_interleaved
+
+    order = []
+    fns = {name: (lambda name=name, s=s: (order.append(name), time.sleep(s))) for name, s in
+           (("fast", 0.0005), ("slow", 0.003), ("mid", 0.0015))}
+    out = time_interleaved(fns, rounds=3)
+    assert list(out) == ["fast", "slow", "mid"]
+    assert out["fast"]["ms"] < out["mid"]["ms"] < out["slow"]["ms"]
+    for rec in out.values():
+        assert rec["rounds"] == 3 and rec["ms_p10"] <= rec["ms"] <= rec["ms_p90"]
+    # every round times every callable once (a run of calls each), each round starting one further along
+    runs = [name for name, _ in itertools.groupby(order)]
+    assert runs == ["fast", "slow", "mid", "slow", "mid", "fast", "mid", "fast", "slow"]
+
+
+def test_recorded_chapter4_peers_are_interleaved_and_complete():
+    from fa_lab import recorded
+
+    meta, gpu = recorded.load("gpu_ch4")
+    if meta is None:
+        pytest.skip("no chapter 4 recording")
+    peers = gpu[gpu.section == "peers"]
+    assert set(peers.impl) == {"sdpa_flash", "sdpa_cudnn", "triton"} and (peers.status == "ok").all()
+    assert peers.timer.str.contains("interleaved rounds").all()
+    # every (dtype, shape) row has all three peers, and the small row its GPU-only time
+    assert (peers.groupby(["dtype", "batch", "heads", "n_q", "head_dim", "causal"]).impl.nunique() == 3).all()
+    assert peers[peers.n_q <= 1024].gpu_us_cudagraph.notna().all()
+    assert (peers[peers.impl == "triton"].max_abs_diff_vs_sdpa_flash < 1e-2).all()
