@@ -8,6 +8,8 @@ build (or `make book`) this takes seconds; from a fresh clone it executes every 
 The browser tests serve `_build/html` on 127.0.0.1 and open every page in Debian's headless
 Chromium through its ChromeDriver (no browser download: `scripts/setup.sh` installs the Debian
 packages when it runs as root). Screenshots and a JSON report land in `_build/screenshots/`.
+Formulas must be typeset by MathJax served from the book itself (`_ext/local_mathjax.py`): the
+browser here has no network, and neither has a reader who opens `_build/html` offline.
 """
 from __future__ import annotations
 
@@ -258,6 +260,19 @@ Promise.all(imgs.map(img => {
 """
 
 
+# Formulas on the page, whether MathJax is loaded (and from the book itself, _ext/local_mathjax.py),
+# and how many formulas it typeset once its start-up promise settles (a CDN copy cannot load offline).
+_MATH_JS = """
+const done = arguments[arguments.length - 1];
+const script = document.querySelector('script[src*="mathjax"]');
+const count = () => done({math: document.querySelectorAll('.math').length, mathjax_script: !!script,
+                          local_mathjax: !!script && script.src.startsWith(location.origin),
+                          typeset: document.querySelectorAll('mjx-container').length});
+const startup = window.MathJax && window.MathJax.startup;
+if (startup && startup.promise) startup.promise.then(count, count); else count();
+"""
+
+
 def _screenshot(driver, path: Path):
     """The whole page (cut at MAX_SHOT_HEIGHT): the window grows to the page's height for the shot."""
     driver.execute_script("window.scrollTo(0, 0)")
@@ -289,10 +304,7 @@ def test_every_page_in_chromium(browser, server):
         logs = browser.get_log("browser")
         local_errors = [e["message"] for e in logs if e["level"] == "SEVERE" and server in e["message"]]
         other_errors = [e["message"] for e in logs if e["level"] == "SEVERE" and server not in e["message"]]
-        math = browser.execute_script(
-            "return {math: document.querySelectorAll('.math').length,"
-            " mathjax_script: !!document.querySelector('script[src*=\"mathjax\"]'),"
-            " typeset: document.querySelectorAll('mjx-container').length}")
+        math = browser.execute_async_script(_MATH_JS)
         shot = SHOTS / (rel.replace("/", "__").removesuffix(".html") + ".png")
         _screenshot(browser, shot)
         report.append({"page": rel, "title": title, "images": len(local), "external_images": external,
@@ -308,6 +320,11 @@ def test_every_page_in_chromium(browser, server):
         failures += [f"{rel}: browser error: {m}" for m in local_errors]
         if math["math"] and not math["mathjax_script"]:
             failures.append(f"{rel}: has {math['math']} formulas but loads no MathJax")
+        elif math["math"] and not math["local_mathjax"]:
+            failures.append(f"{rel}: MathJax comes from a CDN, formulas cannot render offline "
+                            "(django-static-mathjax missing? see _ext/local_mathjax.py)")
+        elif math["math"] and math["typeset"] < math["math"]:
+            failures.append(f"{rel}: MathJax typeset {math['typeset']} of its {math['math']} formulas")
 
     (SHOTS / "report.json").write_text(json.dumps(report, indent=1))
     assert report, "no pages found in _build/html"
