@@ -237,17 +237,15 @@ def _attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_hea
         # a tile reads past the sequence or past D.  No host work per launch (small problems).
         desc_q = tl.make_tensor_descriptor(Q + pid_bh.to(tl.int64) * n_q * HEAD_DIM, [n_q, HEAD_DIM],
                                            [HEAD_DIM, 1], [BLOCK_M, D_PAD])
-        desc_k = tl.make_tensor_descriptor(K + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
-                                           [HEAD_DIM, 1], [BLOCK_N, D_PAD])
-        desc_v = tl.make_tensor_descriptor(V + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
-                                           [HEAD_DIM, 1], [BLOCK_N, D_PAD])
+        k_head = K + kv_bh.to(tl.int64) * n_k * HEAD_DIM
+        v_head = V + kv_bh.to(tl.int64) * n_k * HEAD_DIM
+        desc_k = tl.make_tensor_descriptor(k_head, [n_k, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, D_PAD])
+        desc_v = tl.make_tensor_descriptor(v_head, [n_k, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, D_PAD])
         if BLOCK_N_EDGE == BLOCK_N:
             desc_k_edge, desc_v_edge = desc_k, desc_v
         else:
-            desc_k_edge = tl.make_tensor_descriptor(K + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
-                                                    [HEAD_DIM, 1], [BLOCK_N_EDGE, D_PAD])
-            desc_v_edge = tl.make_tensor_descriptor(V + kv_bh.to(tl.int64) * n_k * HEAD_DIM, [n_k, HEAD_DIM],
-                                                    [HEAD_DIM, 1], [BLOCK_N_EDGE, D_PAD])
+            desc_k_edge = tl.make_tensor_descriptor(k_head, [n_k, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N_EDGE, D_PAD])
+            desc_v_edge = tl.make_tensor_descriptor(v_head, [n_k, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N_EDGE, D_PAD])
         q_row = 0
         kv_row = 0
     o_bh = O + pid_bh.to(tl.int64) * n_q * HEAD_DIM
