@@ -39,7 +39,6 @@ import functools
 import inspect
 import json
 import os
-import statistics
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -502,10 +501,12 @@ def _tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> di
     # The top three again, in interleaved rounds: a 25 ms sample of one candidate can be off
     # by 5%, and under sustained load the clock drifts down, which would favour whichever
     # finalist happened to be timed first.  The median of each one's rounds decides.
+    from .timing import time_interleaved
+
     finalists = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:3]]
-    rounds = [[do_bench(lambda: launch(cfg), warmup=5, rep=40) for cfg in finalists] for _ in range(5)]
-    ms, best = min(((statistics.median(times), cfg) for cfg, times in zip(finalists, zip(*rounds))),
-                   key=lambda t: t[0])
+    rounds = time_interleaved({i: functools.partial(launch, cfg) for i, cfg in enumerate(finalists)},
+                              rounds=5, gpu_ms=(5, 40))
+    ms, best = min(((rounds[i]["ms"], cfg) for i, cfg in enumerate(finalists)), key=lambda t: t[0])
     TUNING_LOG.append(dict(key=key, **best, ms=ms, final=True))
     return dict(best, ms=ms)
 
