@@ -13,7 +13,6 @@ the winners in the format of fa_lab/data/triton_fwd_configs.json.
 import argparse
 import functools
 import json
-import os
 import sys
 import time
 
@@ -40,14 +39,18 @@ STEP_ROWS = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
 PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
 
 
-def measure(fn, q, k, v, causal, row, dtype, impl, section, ref=None):
+def header(section, impl, row, dtype, **fields):
+    """What every record of this script starts with: its section, what ran, on which row and dtype."""
+    B, H, N, D, causal = row
+    return dict(section=section, impl=impl, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
+                causal=causal, **fields)
+
+
+def measure(fn, q, k, v, causal, row, dtype, impl, section):
     B, H, N, D, _ = row
-    rec = dict(section=section, impl=impl, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
-               causal=causal)
+    rec = header(section, impl, row, dtype)
     try:
-        out = fn(q, k, v, causal)
-        if ref is not None:
-            rec["max_abs_diff_vs_sdpa_flash"] = float((out.float() - ref.float()).abs().max())
+        fn(q, k, v, causal)
         rec.update(time_fn(lambda: fn(q, k, v, causal)))
         rec["tflops"] = attention_flops(B, H, N, N, D, causal=causal) / (rec["ms"] * 1e-3) / 1e12
         rec["status"] = "ok"
@@ -70,19 +73,17 @@ def measure_peers(row, dtype, rounds=9):
     calls = {name: sdpa(backend) for name, backend in PEERS.items()}
     calls["triton"] = ours("triton")
     flops = attention_flops(B, H, N, N, D, causal=causal)
-    recs, fns = {}, {}
-    ref = sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal)
-    for name, fn in calls.items():
-        rec = dict(section="peers", impl=name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype, causal=causal)
+    recs, fns, outs = {}, {}, {}
+    for name, fn in calls.items():  # sdpa_flash first: its output is the reference for ours
+        rec = recs[name] = header("peers", name, row, dtype)
         try:
-            out = fn(q, k, v, causal)
+            outs[name] = fn(q, k, v, causal)
             if name == "triton":
-                rec["max_abs_diff_vs_sdpa_flash"] = float((out.float() - ref.float()).abs().max())
+                rec["max_abs_diff_vs_sdpa_flash"] = float((outs[name].float() - outs["sdpa_flash"].float()).abs().max())
             fns[name] = functools.partial(fn, q, k, v, causal)
             rec["status"] = "ok"
         except Exception as exc:  # a peer that cannot run a row is a fact, not a crash
             rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-        recs[name] = rec
     for name, timing in time_interleaved(fns, rounds=rounds, gpu_ms=(10, 50)).items():
         recs[name].update(timing, tflops=flops / (timing["ms"] * 1e-3) / 1e12)
         if timing["ms"] < 0.1:
@@ -91,7 +92,7 @@ def measure_peers(row, dtype, rounds=9):
             except Exception as exc:
                 recs[name]["gpu_us_cudagraph"] = None
                 recs[name]["cudagraph_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-    del q, k, v, ref
+    del q, k, v, outs
     torch.cuda.empty_cache()
     return list(recs.values())
 
@@ -138,13 +139,12 @@ def kernel_facts(row=(4, 16, 4096, 128, False), dtype="float16"):
         cfg = triton_fwd.choose_config(launch, spec, work, variant)
         kern = launch(cfg, warmup=True)
         ptx = kern.asm["ptx"]
-        rec = dict(section="kernel", impl=variant.name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
-                   causal=causal, config=dict(cfg), shared_bytes=kern.metadata.shared,
-                   wgmma=dict(Counter(m.group(1) for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                   mma_sync=dict(Counter(m.group(1) for m in re.finditer(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                   tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
-                   tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
-                   ex2=len(re.findall(r"\bex2\.approx", ptx)))
+        rec = header("kernel", variant.name, row, dtype, config=dict(cfg), shared_bytes=kern.metadata.shared,
+                     wgmma=dict(Counter(m.group(1) for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                     mma_sync=dict(Counter(m.group(1) for m in re.finditer(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                     tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
+                     tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
+                     ex2=len(re.findall(r"\bex2\.approx", ptx)))
         try:
             rec.update(registers=kern.n_regs, spills=kern.n_spills)
         except Exception:  # attributes that need the kernel loaded differ between Triton versions
@@ -185,8 +185,7 @@ def host_overhead(row=(1, 8, 512, 64, False), calls=400):
             fn()
         torch.cuda.synchronize()
         us = (time.perf_counter() - t0) / calls * 1e6
-        rec = dict(section="host", impl=name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype="float16",
-                   causal=causal, host_us_per_call=us, config=dict(cfg))
+        rec = header("host", name, row, "float16", host_us_per_call=us, config=dict(cfg))
         if not name.startswith("make_spec"):
             try:
                 rec["gpu_us_cudagraph"] = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
