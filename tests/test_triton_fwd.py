@@ -291,6 +291,37 @@ def test_gpu_real_sizes(dtype, shape, mask, monkeypatch):
         check(q, k, v, impl=impl, **mask)
 
 
+def _forward_with(q, k, v, cfg, **mask):
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    o, lse = triton_forward(q, k, v, spec, config=cfg)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, q.dtype, what=f"O with {cfg}")
+    assert_close(lse, ref_lse, q.dtype, what=f"lse with {cfg}")
+
+
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(7, 20))], ids=str)
+@pytest.mark.parametrize("n_q,n_k,d", [(45, 64, 40), (64, 32, 32), (1, 48, 16), (33, 70, 32)])
+def test_warp_specialized_config(mask, n_q, n_k, d):
+    # ws=True: O goes out through an in-kernel tensor descriptor (rows past n_q and columns
+    # past D clipped by the copy engine), the descriptors are built in the kernel, and an
+    # unmasked problem with whole key tiles compiles the hot loop alone (n_k % 16 == 0 here)
+    q, k, v = random_qkv(1, 4, n_q, n_k, d, kv_heads=2, dtype=torch.float16, seed=n_q + n_k + d)
+    base = triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG
+    _forward_with(q, k, v, dict(base, ws=True), **mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 4, 1000, 1024, 128), (2, 2, 4096, 4096, 128), (1, 3, 333, 2048, 80)])
+def test_gpu_hopper_warp_specialized_tile(dtype, shape):
+    # the configuration the tuner adds on Hopper for unmasked problems with whole 128-key tiles
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the tuner tries it on Hopper only")
+    B, H, Nq, Nk, D = shape
+    q, k, v = random_qkv(B, H, Nq, Nk, D, dtype=dtype, seed=Nq + D)
+    _forward_with(q, k, v, dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, ws=True))
+
+
 def test_key_block_ranges_cover_every_visible_key_once_and_skip_the_rest():
     # the Python mirror of the kernel's loop bounds, on random shapes, masks and tiles
     import random
