@@ -4,6 +4,11 @@ but only with descriptors built in the kernel and a single key loop.  Does it pa
 non-causal rows, where the masked ranges are empty (``EDGES`` False compiles the hot loop alone)?
 
     FA_LAB_TRITON_AUTOTUNE=0 python .notes/probe_ws.py
+
+Run c used a temporary kernel switch (config key 'probe', constexpr PROBE; never committed).  The kept
+kernel has what it tested: bit 1 (O, and later lse too, stored through descriptors under ws), bit 2
+(literal loop bounds when EDGES is false) and, under ws only, bit 4.  With the kept kernel the 'probe'
+key is ignored, so this script now times the same kernel for every probe value.
 """
 import json, os, sys
 import fa_lab

@@ -25,6 +25,9 @@ What the final kernel adds to the textbook loop (each step is measured in chapte
   (head dim, sequence-length bucket, dtype, mask), with the winners kept in a JSON cache;
   for causal masks the tuner also tries pairing query blocks ``i`` and ``last - i`` in one
   program (equal work per program).
+* **Warp specialization** on Hopper, where the compiler can do it (one unmasked key loop, whole key
+  tiles, descriptors built in the kernel): a producer warpgroup issues the copies and two consumer
+  warpgroups share a 128-row tile; O and lse then go out through tensor descriptors.
 
 Conventions (DESIGN.md): bottom-right causal, ``window=(left, right)``, grouped-query
 attention by head arithmetic (``kv_head = head // group``; K and V are never copied per
@@ -131,11 +134,16 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
                 p = _exp(qk * qk_scale - m_ij[:, None], EXP2)
             alpha = _exp(m_i - m_ij, EXP2)
         l_ij = tl.sum(p, 1)
+        if WARP_SPECIALIZE:
+            # here, not after the second dot: under warp specialization this order measured
+            # 6% faster (.notes/probe_ws_2026-11-23c/d)
+            l_i = l_i * alpha + l_ij
         acc = acc * alpha[:, None]
         v = desc_v.load([kv_row + start_n, 0])
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        # updated last: fewer values live across the two dots
-        l_i = l_i * alpha + l_ij
+        if not WARP_SPECIALIZE:
+            # updated last: fewer values live across the two dots
+            l_i = l_i * alpha + l_ij
         m_i = m_ij
     return acc, l_i, m_i
 
@@ -215,15 +223,19 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_
         lse = (m_i + tl.math.log2(l_safe)) * LN2  # m_i is in log2 units
     else:
         lse = m_i + tl.log(l_safe)
-    row_ok = offs_m < n_q
-    tl.store(LSE + offs_m, tl.where(seen, lse, float("-inf")), mask=row_ok)
+    lse = tl.where(seen, lse, float("-inf"))
     if WARP_SPECIALIZE:
-        # Under warp specialization two warpgroups share the tile; the masked pointer store
-        # below came out wrong there (Triton 3.6, H100), the copy engine's store is right.  It
-        # needs the per-head descriptor (built here): it clips rows past n_q and columns past D.
+        # Under warp specialization two warpgroups share the tile; masked pointer stores came
+        # out wrong there (Triton 3.6, H100), the copy engine's stores are right.  Per-head
+        # descriptors, built here, clip rows past n_q and columns past D (the lse rows need
+        # n_q % 4 == 0: a descriptor's base is 16-byte aligned; the launcher checks).
+        desc_lse = tl.make_tensor_descriptor(LSE, [n_q], [1], [BLOCK_M])
+        desc_lse.store([m0], lse)
         desc_o = tl.make_tensor_descriptor(O, [n_q, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, D_PAD])
         desc_o.store([m0, 0], out.to(O.dtype.element_ty))
     else:
+        row_ok = offs_m < n_q
+        tl.store(LSE + offs_m, lse, mask=row_ok)
         offs_d = tl.arange(0, D_PAD)
         o_ptrs = O + offs_m.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
         tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
@@ -514,7 +526,8 @@ def _tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> di
     timed = []
     time_all(candidates)
     for extra in refine:
-        time_all([dict(cfg, **extra) for _, cfg in sorted(timed, key=lambda t: t[0])[:3]])
+        # not on top of a warp-specialized config: Triton's pass fails on those combinations
+        time_all([dict(cfg, **extra) for _, cfg in sorted(timed, key=lambda t: t[0])[:3] if not cfg.get("ws")])
     if not timed:
         raise RuntimeError(f"no launch configuration compiled for {key}")
     # The top three again, in interleaved rounds: a 25 ms sample of one candidate can be off
@@ -576,6 +589,9 @@ class _Problem:
             # loop alone leaves the compiler free to warp-specialize it
             edges = statics["HAS_LEFT"] or statics["HAS_RIGHT"] or n_k % bn != 0
             ws = bool(cfg.get("ws", False))
+            if ws and n_q % 4:
+                raise ValueError(f"config ws=True needs n_q to be a multiple of 4 (lse rows go out through a "
+                                 f"tensor descriptor, 16-byte aligned), got n_q={n_q}")
             if ws:
                 # warp specialization needs the descriptors built in the kernel (with host
                 # descriptors Triton 3.6 hung on an H100), and stores O through one
@@ -738,7 +754,7 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
             refine = []
             if candidates is None and variant.space == "pipelined":
                 if major == 9 and work.itemsize == 2 and d_pad == 128 and spec.mask == "none" \
-                        and spec.n_k % 128 == 0:
+                        and spec.n_k % 128 == 0 and spec.n_q % 4 == 0:
                     # Hopper, one unmasked key loop: Triton's warp specialization (a producer
                     # warpgroup issuing the copies, two consumer warpgroups splitting a 128-row
                     # tile, FlashAttention-3's layout) is correct and pays in this case (+7% at
