@@ -135,8 +135,9 @@ def _attn_fwd_inner(acc, l_i, m_i, q, desc_k, desc_v, kv_row, start, stop,
             alpha = _exp(m_i - m_ij, EXP2)
         l_ij = tl.sum(p, 1)
         if WARP_SPECIALIZE:
-            # here, not after the second dot: under warp specialization this order measured
-            # 6% faster (.notes/probe_ws_2026-11-23c/d)
+            # here, not after the second dot: under warp specialization this order (with the
+            # literal loop bounds) measured 556 TFLOP/s against 524 without both, at
+            # (1, 16, 16384, 128) fp16 (.notes/probe_ws_2026-11-23c)
             l_i = l_i * alpha + l_ij
         acc = acc * alpha[:, None]
         v = desc_v.load([kv_row + start_n, 0])
@@ -167,9 +168,8 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_
     q = desc_q.load([q_row + m0, 0])  # stays on chip for the whole loop
 
     if SKIP_MASKED and not EDGES:
-        # no mask and whole key tiles: one loop over every key, with literal bounds (Triton's
-        # Hopper warp specialization splits such a loop between warpgroups; measured, it
-        # is 6% faster with these bounds than with the computed ones below)
+        # no mask and whole key tiles: one loop over every key, with literal bounds (the loop
+        # that Triton's Hopper warp specialization splits between warpgroups)
         lo = 0
         mid_lo = 0
         mid_hi = n_k
@@ -594,7 +594,7 @@ class _Problem:
                                  f"tensor descriptor, 16-byte aligned), got n_q={n_q}")
             if ws:
                 # warp specialization needs the descriptors built in the kernel (with host
-                # descriptors Triton 3.6 hung on an H100), and stores O through one
+                # descriptors Triton 3.6 hung on an H100), and stores O and lse through them
                 statics["HOST_DESC"] = False
             meta = dict(statics, BLOCK_M=bm, BLOCK_N=bn, BLOCK_N_EDGE=edge, EDGES=edges, PAIRED=paired,
                         WARP_SPECIALIZE=ws,
@@ -757,9 +757,10 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
                         and spec.n_k % 128 == 0 and spec.n_q % 4 == 0:
                     # Hopper, one unmasked key loop: Triton's warp specialization (a producer
                     # warpgroup issuing the copies, two consumer warpgroups splitting a 128-row
-                    # tile, FlashAttention-3's layout) is correct and pays in this case (+7% at
-                    # (1, 16, 16384, 128), .notes/probe_ws_*); with 64-key tiles or deeper
-                    # pipelines it returned wrong rows, so only this configuration is tried.
+                    # tile, FlashAttention-3's layout) is correct in this case and can pay (+7% in
+                    # a probe at (1, 16, 16384, 128), a few % in the sustained recording;
+                    # .notes/probe_ws_*); with 64-key tiles or deeper pipelines it returned wrong
+                    # rows, so only this configuration is tried.
                     cands.append(dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, ws=True))
                 if spec.mask == "causal":
                     refine.append({"paired": True})
