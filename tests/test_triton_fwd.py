@@ -282,6 +282,9 @@ def test_shipped_configs_file_is_valid():
     ((1, 4, 1, 1021, 333, 64), dict(causal=True)),
     ((2, 2, 2, 1, 4096, 256), dict()),
     ((1, 2, 2, 300, 300, 40), dict(causal=True, window=(64, -1))),
+    # the key of (1, 16, 16384, 128), whose shipped H100 config is warp-specialized, on a problem
+    # that cannot run it (n_q % 4, a ragged key tile): the default config instead
+    ((1, 2, 2, 9002, 9001, 128), dict()),
 ])
 def test_gpu_real_sizes(dtype, shape, mask, monkeypatch):
     monkeypatch.setenv("FA_LAB_TRITON_AUTOTUNE", "0")  # the default configs; tuning is the benchmark's job
@@ -312,6 +315,23 @@ def test_warp_specialized_config(mask, n_q, n_k, d):
     q, k, v = random_qkv(1, 2, 45, n_k, d, dtype=torch.float16)
     with pytest.raises(ValueError, match="multiple of 4"):
         _forward_with(q, k, v, dict(triton_fwd.CPU_CONFIG, ws=True), **mask)
+
+
+def test_ws_fits_problem():
+    def spec(n_q, n_k, d=128, **mask):
+        q, k, v = random_qkv(1, 2, n_q, n_k, d, dtype=torch.float16, device="meta")
+        return fa_lab.make_spec(q, k, v, **mask)
+
+    f16 = torch.float16
+    assert triton_fwd.ws_fits_problem(spec(16384, 16384), f16, 9)
+    assert triton_fwd.ws_fits_problem(spec(1000, 1024, 80), f16, 9)        # D_PAD 128, tails in n_q
+    assert not triton_fwd.ws_fits_problem(spec(9002, 9216), f16, 9)        # n_q % 4: lse descriptor
+    assert not triton_fwd.ws_fits_problem(spec(9000, 9001), f16, 9)        # a ragged last key tile
+    assert not triton_fwd.ws_fits_problem(spec(4096, 4096, causal=True), f16, 9)
+    assert not triton_fwd.ws_fits_problem(spec(4096, 4096, 64), f16, 9)
+    assert not triton_fwd.ws_fits_problem(spec(4096, 4096), torch.float32, 9)
+    assert triton_fwd.ws_fits_problem(spec(4096, 4096, causal=True), f16, 10)  # Blackwell: any mask
+    assert not triton_fwd.ws_fits_problem(spec(4097, 4096), f16, 10)
 
 
 @pytest.mark.gpu
