@@ -569,6 +569,7 @@ class _Problem:
     qk_scale: float
     host_desc: bool
     constexprs: tuple   # (name, value) of the problem's tl.constexpr arguments
+    ws_ok: bool         # whether a warp-specialized configuration can run it (ws_fits_problem)
     #: (config as a tuple) -> (grid, constexpr values by name): a repeated launch looks them up
     launches: dict = field(default_factory=dict)
 
@@ -589,9 +590,11 @@ class _Problem:
             # loop alone leaves the compiler free to warp-specialize it
             edges = statics["HAS_LEFT"] or statics["HAS_RIGHT"] or n_k % bn != 0
             ws = bool(cfg.get("ws", False))
-            if ws and n_q % 4:
-                raise ValueError(f"config ws=True needs n_q to be a multiple of 4 (lse rows go out through a "
-                                 f"tensor descriptor, 16-byte aligned), got n_q={n_q}")
+            if ws and not self.ws_ok:
+                raise ValueError("config ws=True cannot run this problem: warp specialization needs n_q % 4 == 0 "
+                                 f"(lse goes out through a 16-byte aligned tensor descriptor; n_q={n_q}) and, on "
+                                 "Hopper, an unmasked 16-bit problem with D_PAD = 128 whose keys fill whole "
+                                 "128-key tiles")
             if ws:
                 # warp specialization needs the descriptors built in the kernel (with host
                 # descriptors Triton 3.6 hung on an H100), and stores O and lse through them
@@ -619,7 +622,10 @@ def _problem(spec, dtype: torch.dtype, variant: Variant, precision: str, host_de
                   ("HAS_LEFT", spec.left >= 0), ("HAS_RIGHT", spec.right >= 0), ("EXP2", variant.exp2),
                   ("SKIP_MASKED", variant.skip_masked), ("HOST_DESC", host_desc),
                   ("PRECISION", precision if work == torch.float32 else None))
-    return _Problem(scale * LOG2E if variant.exp2 else scale, host_desc, constexprs)
+    major = _device_facts(spec.device.index if spec.device.index is not None else torch.cuda.current_device())[1] \
+        if ON_GPU else 0
+    return _Problem(scale * LOG2E if variant.exp2 else scale, host_desc, constexprs,
+                    ws_fits_problem(spec, work, major))
 
 
 def prepare_inputs(q, k, v, spec):

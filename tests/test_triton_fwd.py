@@ -313,7 +313,7 @@ def test_warp_specialized_config(mask, n_q, n_k, d):
     q, k, v = random_qkv(1, 4, n_q, n_k, d, kv_heads=2, dtype=torch.float16, seed=n_q + n_k + d)
     _forward_with(q, k, v, dict(triton_fwd.CPU_CONFIG, ws=True), **mask)
     q, k, v = random_qkv(1, 2, 45, n_k, d, dtype=torch.float16)
-    with pytest.raises(ValueError, match="multiple of 4"):
+    with pytest.raises(ValueError, match="n_q % 4"):
         _forward_with(q, k, v, dict(triton_fwd.CPU_CONFIG, ws=True), **mask)
 
 
