@@ -590,12 +590,12 @@ class _Problem:
             # loop alone leaves the compiler free to warp-specialize it
             edges = statics["HAS_LEFT"] or statics["HAS_RIGHT"] or n_k % bn != 0
             ws = bool(cfg.get("ws", False))
-            if ws and not self.ws_ok:
-                raise ValueError("config ws=True cannot run this problem: warp specialization needs n_q % 4 == 0 "
-                                 f"(lse goes out through a 16-byte aligned tensor descriptor; n_q={n_q}) and, on "
-                                 "Hopper, an unmasked 16-bit problem with D_PAD = 128 whose keys fill whole "
-                                 "128-key tiles")
             if ws:
+                if not self.ws_ok:
+                    raise ValueError("config ws=True cannot run this problem: warp specialization needs n_q % 4 "
+                                     f"== 0 (lse goes out through a 16-byte aligned tensor descriptor; n_q={n_q}) "
+                                     "and, on Hopper, an unmasked 16-bit problem with D_PAD = 128 whose keys fill "
+                                     "whole 128-key tiles")
                 # warp specialization needs the descriptors built in the kernel (with host
                 # descriptors Triton 3.6 hung on an H100), and stores O and lse through them
                 statics["HOST_DESC"] = False
@@ -622,8 +622,7 @@ def _problem(spec, dtype: torch.dtype, variant: Variant, precision: str, host_de
                   ("HAS_LEFT", spec.left >= 0), ("HAS_RIGHT", spec.right >= 0), ("EXP2", variant.exp2),
                   ("SKIP_MASKED", variant.skip_masked), ("HOST_DESC", host_desc),
                   ("PRECISION", precision if work == torch.float32 else None))
-    major = _device_facts(spec.device.index if spec.device.index is not None else torch.cuda.current_device())[1] \
-        if ON_GPU else 0
+    major = _device_facts(_device_index(spec))[1] if ON_GPU else 0
     return _Problem(scale * LOG2E if variant.exp2 else scale, host_desc, constexprs,
                     ws_fits_problem(spec, work, major))
 
@@ -729,6 +728,10 @@ def triton_forward(q, k, v, spec, *, variant: Variant = FINAL, config: dict | No
 _RESOLVED: dict[tuple, dict] = {}
 
 
+def _device_index(spec) -> int:
+    return spec.device.index if spec.device.index is not None else torch.cuda.current_device()
+
+
 @functools.lru_cache(maxsize=None)
 def _device_facts(index: int) -> tuple[str, int]:
     return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)[0]
@@ -742,7 +745,7 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
     if variant.space == "fixed":
         return FIXED_CONFIG
     space = variant.space + ("-tf32" if work == torch.float32 and precision == "tf32" else "")
-    index = spec.device.index if spec.device.index is not None else torch.cuda.current_device()
+    index = _device_index(spec)
     device, major = _device_facts(index)
     ws_fits = ws_fits_problem(spec, work, major)
     memo = (index, work, spec.head_dim, _bucket(spec.n_q), _bucket(spec.n_k), spec.mask, space, ws_fits)

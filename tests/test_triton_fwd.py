@@ -40,6 +40,15 @@ def check(q, k, v, impl="triton", **mask):
     return o, lse
 
 
+def _forward_with(q, k, v, cfg, host_desc=None, **mask):
+    """triton_forward with a forced launch configuration, against the float64 reference."""
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    o, lse = triton_forward(q, k, v, spec, config=cfg, host_desc=host_desc)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, q.dtype, what=f"O with {cfg}")
+    assert_close(lse, ref_lse, q.dtype, what=f"lse with {cfg}")
+
+
 @pytest.mark.parametrize("head_dim", [16, 40, 64, 80, 96, 128, 256])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_head_dims_and_dtypes(head_dim, dtype):
@@ -111,12 +120,8 @@ def test_paired_causal_blocks(n_q, n_k):
     # config 'paired': query blocks i and last-i share one program (balanced causal work)
     q, k, v = random_qkv(1, 2, n_q, n_k, 32, kv_heads=1, dtype=torch.float16, seed=n_q + n_k)
     for mask in (dict(causal=True), dict(causal=True, window=(20, -1))):
-        spec = fa_lab.make_spec(q, k, v, **mask)
         cfg = dict(triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG, paired=True)
-        o, lse = triton_forward(q, k, v, spec, config=cfg)
-        ref_o, ref_lse = reference_attention(q, k, v, spec)
-        assert_close(o, ref_o, torch.float16)
-        assert_close(lse, ref_lse, torch.float16)
+        _forward_with(q, k, v, cfg, **mask)
 
 
 @pytest.mark.parametrize("host_desc", [True, False])
@@ -130,10 +135,7 @@ def test_edge_tiles_narrower_than_the_key_tiles(mask, paired, host_desc):
     spec = fa_lab.make_spec(q, k, v, **mask)
     base = triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG
     cfg = dict(base, BLOCK_N=4 * base["BLOCK_M"], paired=paired and spec.mask == "causal")
-    o, lse = triton_forward(q, k, v, spec, config=cfg, host_desc=host_desc)
-    ref_o, ref_lse = reference_attention(q, k, v, spec)
-    assert_close(o, ref_o, torch.float16)
-    assert_close(lse, ref_lse, torch.float16)
+    _forward_with(q, k, v, cfg, host_desc=host_desc, **mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -141,12 +143,8 @@ def test_edge_tiles_narrower_than_the_key_tiles(mask, paired, host_desc):
 def test_exponentials_on_the_fma_units(dtype, mask):
     # config 'emu': half of the unmasked blocks' exp2 computed by a cubic on the FMA units
     q, k, v = random_qkv(2, 4, 45, 70, 64, kv_heads=2, dtype=dtype, seed=3)
-    spec = fa_lab.make_spec(q, k, v, **mask)
     cfg = dict(triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG, emu=True)
-    o, lse = triton_forward(q, k, v, spec, config=cfg)
-    ref_o, ref_lse = reference_attention(q, k, v, spec)
-    assert_close(o, ref_o, dtype)
-    assert_close(lse, ref_lse, dtype)
+    _forward_with(q, k, v, cfg, **mask)
 
 
 def test_exp2_fma_matches_exp2():
@@ -292,14 +290,6 @@ def test_gpu_real_sizes(dtype, shape, mask, monkeypatch):
     q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, dtype=dtype, seed=math.prod(shape))
     for impl in ("triton", "triton_minimal"):
         check(q, k, v, impl=impl, **mask)
-
-
-def _forward_with(q, k, v, cfg, **mask):
-    spec = fa_lab.make_spec(q, k, v, **mask)
-    o, lse = triton_forward(q, k, v, spec, config=cfg)
-    ref_o, ref_lse = reference_attention(q, k, v, spec)
-    assert_close(o, ref_o, q.dtype, what=f"O with {cfg}")
-    assert_close(lse, ref_lse, q.dtype, what=f"lse with {cfg}")
 
 
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window=(7, 20))], ids=str)
