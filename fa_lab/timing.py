@@ -61,26 +61,48 @@ def time_fn(fn, *, warmup: int = 3, rep: int = 10, gpu_ms=None) -> dict:
                 timer="wall-clock (CPU simulator/interpreter)")
 
 
-def time_interleaved(fns: dict, *, rounds: int = 5, gpu_ms=(10, 40)) -> dict[str, dict]:
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` callables in which each one follows every other equally often.
+
+    A Williams design (a balanced Latin square): ``n`` orders for even ``n``, ``2n`` for odd.
+    Under a power limit a kernel runs at the clock its predecessor left behind; a plain
+    rotation keeps every callable's predecessor fixed (the one after the hungriest peer would
+    always start throttled), this spreads that evenly.
+    """
+    first, lo, hi = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(lo)
+        lo += 1
+        if len(first) < n:
+            first.append(hi)
+            hi -= 1
+    orders = [[(i + shift) % n for i in first] for shift in range(n)]
+    return orders + [order[::-1] for order in orders] if n % 2 and n > 1 else orders
+
+
+def time_interleaved(fns: dict, *, rounds: int = 6, gpu_ms=(10, 40)) -> dict[str, dict]:
     """``time_fn`` for several callables (peers on the same inputs), in alternating rounds.
 
     Under sustained load a GPU's clock drifts (an H100 at full power can lose 5-10% over a
     minute), so peers timed one after the other would each see a different clock.  Here every
-    round times each callable once, in a rotated order; each one's result is the median of
-    its rounds' medians, with the spread of the rounds as p10/p90.
+    round times each callable once, the rounds cycling through ``balanced_orders`` (each
+    callable follows every other equally often: pass a multiple of ``len(balanced_orders(n))``
+    rounds for an exact balance); each one's result is the median of its rounds' medians, with
+    the spread of the rounds as p10/p90.
     """
     names = list(fns)
+    orders = balanced_orders(len(names))
     samples = {name: [] for name in names}
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            samples[name].append(time_fn(fns[name], gpu_ms=gpu_ms)["ms"])
+        for i in orders[r % len(orders)]:
+            samples[names[i]].append(time_fn(fns[names[i]], gpu_ms=gpu_ms)["ms"])
     out = {}
     for name, ms in samples.items():
         p10, p90 = (statistics.quantiles(ms, n=10, method="inclusive")[i] for i in (0, -1)) if rounds > 1 \
             else (ms[0], ms[0])
         out[name] = dict(ms=statistics.median(ms), ms_p10=p10, ms_p90=p90, rounds=rounds,
                          timer=("cuda-events (do_bench), " if ON_GPU else "wall-clock, ")
-                         + f"median of {rounds} interleaved rounds")
+                         + f"median of {rounds} interleaved rounds (balanced orders)")
     return out
 
 

@@ -537,7 +537,7 @@ def _tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> di
 
     finalists = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:3]]
     rounds = time_interleaved({i: functools.partial(launch, cfg) for i, cfg in enumerate(finalists)},
-                              rounds=5, gpu_ms=(5, 40))
+                              rounds=6, gpu_ms=(5, 40))
     ms, best = min(((rounds[i]["ms"], cfg) for i, cfg in enumerate(finalists)), key=lambda t: t[0])
     TUNING_LOG.append(dict(key=key, **best, ms=ms, final=True))
     return dict(best, ms=ms)

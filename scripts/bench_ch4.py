@@ -5,7 +5,8 @@ the chapter's steps, and the autotuner's measurements.
 
 Every peer in a row gets the same q, k, v and is timed the same way, in interleaved rounds
 (fa_lab.timing.time_interleaved: triton.testing.do_bench, L2 cleared between calls, the median
-of nine rounds' medians), so that a clock drifting under load does not favour one of them.  Writes gpu_ch4.json
+of twelve rounds' medians, each peer following each other peer equally often), so that neither a
+clock drifting under load nor the clock a power-hungry predecessor leaves behind favours one of them.  Writes gpu_ch4.json
 (fa_lab.recorded format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
 benchmark touches again (instead of using the cached winners) and ``--configs-out`` writes
 the winners in the format of fa_lab/data/triton_fwd_configs.json.
@@ -60,7 +61,7 @@ def measure(fn, q, k, v, causal, row, dtype, impl, section):
     return rec
 
 
-def measure_peers(row, dtype, rounds=9):
+def measure_peers(row, dtype, rounds=12):
     """Our kernel and each SDPA backend on the same inputs, timed in interleaved rounds.
 
     Small problems also get the GPU-only time of one call, from a CUDA graph replay: there

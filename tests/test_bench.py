@@ -1,5 +1,5 @@
 """``fa-lab bench``: parsing, the FLOP formula, OOM/unsupported rows, the CSV/JSON schema."""
-import itertools
+import collections
 import json
 import time
 
@@ -236,20 +236,41 @@ def test_recorded_gpu_files_follow_the_schema(suite):
 
 # ---------------------------------------------------------------------------- interleaved timing
 
-def test_time_interleaved_times_each_callable_every_round_in_rotated_order():
-    from fa_lab.timing import time_interleaved
+def test_time_interleaved_times_each_callable_every_round_in_balanced_orders():
+    from fa_lab.timing import balanced_orders, time_interleaved
 
     order = []
     fns = {name: (lambda name=name, s=s: (order.append(name), time.sleep(s))) for name, s in
            (("fast", 0.0005), ("slow", 0.003), ("mid", 0.0015))}
-    out = time_interleaved(fns, rounds=3)
+    out = time_interleaved(fns, rounds=6)
     assert list(out) == ["fast", "slow", "mid"]
     assert out["fast"]["ms"] < out["mid"]["ms"] < out["slow"]["ms"]
     for rec in out.values():
-        assert rec["rounds"] == 3 and rec["ms_p10"] <= rec["ms"] <= rec["ms_p90"]
-    # every round times every callable once (a run of calls each), each round starting one further along
-    runs = [name for name, _ in itertools.groupby(order)]
-    assert runs == ["fast", "slow", "mid", "slow", "mid", "fast", "mid", "fast", "slow"]
+        assert rec["rounds"] == 6 and rec["ms_p10"] <= rec["ms"] <= rec["ms_p90"]
+    # every round times every callable once (a run of calls each), in the design's orders
+    names = list(fns)
+    expected = [names[i] for o in balanced_orders(3) for i in o]
+    per_timing = len(order) // len(expected)  # calls of one time_fn (warm-up and repeats)
+    assert len(order) == per_timing * len(expected) and order[::per_timing] == expected
+    assert all(len(set(order[i:i + per_timing])) == 1 for i in range(0, len(order), per_timing))
+
+
+@pytest.mark.parametrize("n", range(1, 9))
+def test_balanced_orders_give_every_callable_each_predecessor_equally_often(n):
+    from fa_lab.timing import balanced_orders
+
+    orders = balanced_orders(n)
+    assert len(orders) == (2 * n if n % 2 and n > 1 else n)
+    assert all(sorted(o) == list(range(n)) for o in orders)
+    # within the rounds, and (the rounds run back to back) across their boundaries
+    seq = [i for o in orders for i in o]
+    pairs = collections.Counter(zip(seq, seq[1:] + seq[:1]))
+    follows = collections.Counter({(a, b): c for (a, b), c in pairs.items() if a != b})
+    if n > 1:
+        assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+        # within rounds it is exact; the round boundaries add at most one per pair here
+        within = collections.Counter(p for o in orders for p in zip(o, o[1:]))
+        assert len(set(within.values())) == 1
 
 
 def test_recorded_chapter4_peers_are_interleaved_and_complete():
