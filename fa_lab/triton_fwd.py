@@ -766,10 +766,10 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
                 if major == 9 and ws_fits:
                     # Hopper, one unmasked key loop: Triton's warp specialization (a producer
                     # warpgroup issuing the copies, two consumer warpgroups splitting a 128-row
-                    # tile, FlashAttention-3's layout) is correct in this case and can pay (+7% in
-                    # a probe at (1, 16, 16384, 128), a few % in the sustained recording;
-                    # .notes/probe_ws_*); with 64-key tiles or deeper pipelines it returned wrong
-                    # rows, so only this configuration is tried.
+                    # tile, FlashAttention-3's layout) is correct in this case and can pay (at
+                    # (1, 16, 16384, 128) +2% fp16 and +6% bf16 over the best 64-row tiles in the
+                    # recorded tuning; .notes/probe_ws_*); with 64-key tiles or deeper pipelines it
+                    # returned wrong rows, so only this configuration is tried.
                     cands.append(dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2, ws=True))
                 if spec.mask == "causal":
                     refine.append({"paired": True})
