@@ -169,11 +169,9 @@ def _attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_
 
     if SKIP_MASKED and not EDGES:
         # no mask and whole key tiles: one loop over every key, with literal bounds (the loop
-        # that Triton's Hopper warp specialization splits between warpgroups)
-        lo = 0
+        # that Triton's Hopper warp specialization splits between warpgroups; no masked range)
         mid_lo = 0
         mid_hi = n_k
-        hi = n_k
     elif SKIP_MASKED:
         # keys [lo, hi) that some row of this block sees; [full_lo, full_hi) that all rows see
         lo = 0

@@ -6,8 +6,8 @@ the chapter's steps, and the autotuner's measurements.
 Every peer in a row gets the same q, k, v and is timed the same way, in interleaved rounds
 (fa_lab.timing.time_interleaved: triton.testing.do_bench, L2 cleared between calls, the median
 of twelve rounds' medians, each peer following each other peer equally often), so that neither a
-clock drifting under load nor the clock a power-hungry predecessor leaves behind favours one of them.  Writes gpu_ch4.json
-(fa_lab.recorded format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
+clock drifting under load nor the clock a power-hungry predecessor leaves behind favours one of them.
+Writes gpu_ch4.json (fa_lab.recorded format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
 benchmark touches again (instead of using the cached winners) and ``--configs-out`` writes
 the winners in the format of fa_lab/data/triton_fwd_configs.json.
 """
