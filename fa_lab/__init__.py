@@ -3,12 +3,12 @@
 Import order matters: ``world`` sets the simulator/interpreter variables before
 anything imports numba or triton.
 """
-from .world import DEVICE, ON_GPU, WORLD, banner, describe, pick  # noqa: I001  (must come first)
-from .api import attention
-from .flops import attention_flops
-from .masks import visible
-from .registry import get as get_implementation, implementations, register
-from .spec import AttentionSpec, make_spec
+from fa_lab.core.world import DEVICE, ON_GPU, WORLD, banner, describe, pick  # noqa: I001  (must come first)
+from fa_lab.api import attention
+from fa_lab.core.flops import attention_flops
+from fa_lab.core.masks import visible
+from fa_lab.core.registry import get as get_implementation, implementations, register
+from fa_lab.core.spec import AttentionSpec, make_spec
 
 __version__ = "0.1.0"
 
@@ -19,7 +19,7 @@ _LAZY = {"FlashAttentionPyTorch", "FlashAttentionTriton", "flash_attention"}
 def __getattr__(name):
     if name in _LAZY:
         implementations()   # load every registered module first: the registry keeps the book's order
-        from . import autograd
+        from fa_lab import autograd
 
         return getattr(autograd, name)
     raise AttributeError(f"module 'fa_lab' has no attribute {name!r}")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from . import registry
-from .spec import make_spec
-from .world import WORLD
+from fa_lab.core import registry
+from fa_lab.core.spec import make_spec
+from fa_lab.core.world import WORLD
 
 
 def attention(q, k, v, *, impl: str = "reference", causal: bool = False, window=(-1, -1),

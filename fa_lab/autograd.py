@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from . import registry
-from .spec import make_spec
-from .torch_tiled import Recompute, compiled_backward, tiled_backward, tiled_forward
-from .triton_bwd import triton_backward
-from .triton_fwd import HEAD_DIMS, SUPPORTED_DTYPES, check_supported, triton_forward
-from .world import WORLD
+from fa_lab.core import registry
+from fa_lab.core.spec import make_spec
+from fa_lab.kernels.torch_tiled import Recompute, compiled_backward, tiled_backward, tiled_forward
+from fa_lab.kernels.triton.bwd import triton_backward
+from fa_lab.kernels.triton.fwd import HEAD_DIMS, SUPPORTED_DTYPES, check_supported, triton_forward
+from fa_lab.core.world import WORLD
 
 
 def _as_4d(Q, K, V):
@@ -66,7 +66,7 @@ def _course_backward(ctx, dO, backward):
 
 
 class FlashAttentionPyTorch(torch.autograd.Function):
-    """FlashAttention-2 in PyTorch tiles (``fa_lab.torch_tiled``): ``FlashAttentionPyTorch.apply(Q, K, V, is_causal)``."""
+    """FlashAttention-2 in PyTorch tiles (``fa_lab.kernels.torch_tiled``): ``FlashAttentionPyTorch.apply(Q, K, V, is_causal)``."""
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False):
@@ -142,4 +142,5 @@ registry.register(
     dtypes=SUPPORTED_DTYPES, head_dims=HEAD_DIMS, backward=True,
     # the backward's S/P, dP and dS in float32
     extra_memory=lambda s: 3 * 4 * s.batch * s.heads * s.n_q * s.n_k,
+    step_of="flash_triton",
 )(triton_compiled_backward)

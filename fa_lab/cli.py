@@ -9,10 +9,10 @@ import sys
 
 #: subcommand name → module providing configure(parser) and run(args)
 SUBCOMMANDS = {
-    "info": "fa_lab.cli_info",
-    "grade": "fa_lab.cli_grade",
-    "bench": "fa_lab.cli_bench",
-    "correlate": "fa_lab.cli_correlate",
+    "info": "fa_lab.core.info",
+    "grade": "fa_lab.exercises.grade",
+    "bench": "fa_lab.bench.cli",
+    "correlate": "fa_lab.perf.cli",
 }
 
 

@@ -2,14 +2,14 @@
 
     python scripts/bench_ch1_2.py [--out DIR]
 
-Writes gpu_ch1_2.json (fa_lab.recorded format) into DIR (default fa_lab/data).
+Writes gpu_ch1_2.json (fa_lab.bench.records format) into DIR (default fa_lab/data).
 """
 import argparse
 import sys
 
 import fa_lab  # noqa: F401  (first: picks the world)
-from fa_lab import recorded
-from fa_lab.timing import sweep, to_frame
+from fa_lab.bench import records as recorded
+from fa_lab.bench.timer import sweep, to_frame
 
 CONFIG = dict(batch=1, heads=16, head_dim=64, dtype="fp32", causal=False, rep=10, warmup=2)
 SEQ_LENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]

@@ -7,10 +7,10 @@
 The table: ``numba_tiled`` and each chapter-3 step, against ``numba_naive``, ``naive_torch``
 (fp32) and PyTorch SDPA's math backend (fp32), at (B, H, N, D) = (4, 16, 4096, 64),
 (4, 16, 4096, 128) and (1, 16, 16384, 128), causal and not; then peak extra memory at
-N = 8192.  Every number comes from ``fa_lab.timing.benchmark``.  Slow entries run last
+N = 8192.  Every number comes from ``fa_lab.bench.timer.benchmark``.  Slow entries run last
 and stop at ``--budget-s``: what did not fit is recorded as ``skipped (time cap)``.
 
-Writes ``gpu_ch3.json`` (``fa_lab.recorded`` format) into DIR (default ``fa_lab/data``).
+Writes ``gpu_ch3.json`` (``fa_lab.bench.records`` format) into DIR (default ``fa_lab/data``).
 """
 from __future__ import annotations
 
@@ -23,17 +23,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fa_lab  # noqa: E402  (first: picks the world)
-from fa_lab import recorded, registry  # noqa: E402
+from fa_lab.bench import records as recorded  # noqa: E402
+from fa_lab.core import registry
 
 # Only the modules this benchmark needs: a chapter in progress elsewhere cannot break it.
 registry.IMPLEMENTATION_MODULES[:] = [m for m in registry.IMPLEMENTATION_MODULES
-                                      if m in ("fa_lab.reference_impl", "fa_lab.naive", "fa_lab.online",
-                                               "fa_lab.numba_naive", "fa_lab.numba_tiled", "fa_lab.numba_steps")]
+                                      if m in ("fa_lab.reference_impl", "fa_lab.kernels.naive", "fa_lab.kernels.online",
+                                               "fa_lab.kernels.numba.naive", "fa_lab.kernels.numba.tiled", "fa_lab.kernels.numba.steps")]
 
 import torch  # noqa: E402
 
-from fa_lab import numba_tiled as nt  # noqa: E402
-from fa_lab.timing import benchmark, to_frame  # noqa: E402
+from fa_lab.kernels.numba import tiled as nt  # noqa: E402
+from fa_lab.bench.timer import benchmark, to_frame  # noqa: E402
 
 SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
 OURS = ["numba_tiled", "numba_regtile", "numba_smem", "numba_rowwise"]
@@ -82,8 +83,8 @@ def memory() -> list[dict]:
 
 def check() -> list[dict]:
     """Our kernels against the float64 reference on the GPU: tails, Nq != Nk, masks, GQA, head dims."""
-    from fa_lab.reference import reference_attention
-    from fa_lab.testing import max_error, random_qkv
+    from fa_lab.core.reference import reference_attention
+    from fa_lab.core.testing import max_error, random_qkv
 
     cases = [((1, 2, 2, 1, 1, 16), {}), ((2, 4, 2, 1000, 777, 64), dict(causal=True)),
              ((1, 4, 1, 333, 1025, 128), {}), ((1, 3, 3, 700, 300, 80), dict(causal=True)),
@@ -118,8 +119,8 @@ TUNE_CONFIGS = {   # the first of each is the default (numba_tiled.config_for)
 
 def tune() -> list[dict]:
     """Time candidate tile shapes of the final kernel (what the defaults in numba_tiled came from)."""
-    from fa_lab.testing import random_qkv
-    from fa_lab.timing import time_fn
+    from fa_lab.core.testing import random_qkv
+    from fa_lab.bench.timer import time_fn
 
     out = []
     for D, cfgs in TUNE_CONFIGS.items():
@@ -187,7 +188,7 @@ HBM_KERNELS = "regex:scores|softmax_rows|pv|rowwise_fwd|smem_fwd|flash_attention
 
 def hbm_launches() -> None:
     """Each step once per mask, in HBM_PLAN's order (run under ncu by ``hbm``)."""
-    from fa_lab.testing import random_qkv
+    from fa_lab.core.testing import random_qkv
 
     B, H, N, D = HBM_SHAPE
     q, k, v = random_qkv(B, H, N, N, D, seed=0)
@@ -202,7 +203,7 @@ def hbm(out_dir) -> list[dict]:
     import csv
     import io
 
-    from fa_lab.flops import attention_flops
+    from fa_lab.core.flops import attention_flops
 
     cmd = ["ncu", "--csv", "--print-units", "base", "--metrics", ",".join(HBM_METRICS), "-k", HBM_KERNELS,
            sys.executable, str(Path(__file__).resolve()), "--hbm-launches"]

@@ -4,10 +4,10 @@ the chapter's steps, and the autotuner's measurements.
     python scripts/bench_ch4.py [--out DIR] [--tune] [--configs-out FILE] [--no-steps]
 
 Every peer in a row gets the same q, k, v and is timed the same way, in interleaved rounds
-(fa_lab.timing.time_interleaved: triton.testing.do_bench, L2 cleared between calls, the median
+(fa_lab.bench.timer.time_interleaved: triton.testing.do_bench, L2 cleared between calls, the median
 of twelve rounds' medians, each peer following each other peer equally often), so that neither a
 clock drifting under load nor the clock a power-hungry predecessor leaves behind favours one of them.
-Writes gpu_ch4.json (fa_lab.recorded format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
+Writes gpu_ch4.json (fa_lab.bench.records format) into DIR (default fa_lab/data).  ``--tune`` tunes every key the
 benchmark touches again (instead of using the cached winners) and ``--configs-out`` writes
 the winners in the format of fa_lab/data/triton_fwd_configs.json.
 """
@@ -21,12 +21,13 @@ import fa_lab  # noqa: F401  (first: picks the world)
 import torch
 from torch.nn.attention import SDPBackend
 
-from fa_lab import recorded, triton_fwd
+from fa_lab.bench import records as recorded
+from fa_lab.kernels.triton import fwd as triton_fwd
 from fa_lab.bench.calls import ours, sdpa
-from fa_lab.flops import attention_flops
-from fa_lab.testing import random_qkv
-from fa_lab.timing import time_fn, time_interleaved
-from fa_lab.triton_steps import STEPS
+from fa_lab.core.flops import attention_flops
+from fa_lab.core.testing import random_qkv
+from fa_lab.bench.timer import time_fn, time_interleaved
+from fa_lab.kernels.triton.steps import STEPS
 
 # (batch, heads, seq, head_dim, causal): the issue's table, then the small-shape latency row
 ROWS = [
@@ -129,7 +130,7 @@ def kernel_facts(row=(4, 16, 4096, 128, False), dtype="float16"):
     import re
     from collections import Counter
 
-    from fa_lab.triton_steps import VARIANTS
+    from fa_lab.kernels.triton.steps import VARIANTS
 
     B, H, N, D, causal = row
     q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
@@ -224,7 +225,7 @@ def main(argv=None):
             records += tune_row(row, "bfloat16", triton_fwd.FINAL, candidates=top_configs(log16, 4))
             flush()
         if not args.no_steps:
-            from fa_lab.triton_steps import VARIANTS
+            from fa_lab.kernels.triton.steps import VARIANTS
             for row in STEP_ROWS:
                 records += tune_row(row, "float16", VARIANTS["triton_autotuned"])
             flush()

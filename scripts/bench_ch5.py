@@ -5,9 +5,9 @@ backends), the chapter's steps, the memory a backward keeps, and the backward ke
                                 [--fwd-tune] [--apply-tuned]
 
 Every implementation in a row gets the same q, k, v, dO and is timed the same way
-(fa_lab.timing.time_fn: triton.testing.do_bench, L2 cleared between calls, median).
+(fa_lab.bench.timer.time_fn: triton.testing.do_bench, L2 cleared between calls, median).
 TFLOP/s count FLOPs as DESIGN.md does: forward 4·B·H·N²·D (halved for causal), backward
-2.5×, fwd+bwd 3.5×.  Writes gpu_ch5.json (fa_lab.recorded format) into DIR (default fa_lab/data).
+2.5×, fwd+bwd 3.5×.  Writes gpu_ch5.json (fa_lab.bench.records format) into DIR (default fa_lab/data).
 
 ``tune`` times the dK/dV and dQ kernels alone for each candidate tile config (the candidates
 are those that compile for sm_90 without spilling); ``--apply-tuned`` runs the later sections
@@ -26,12 +26,14 @@ import fa_lab  # noqa: E402  (first: picks the world)
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 
-from fa_lab import recorded, triton_bwd, triton_fwd  # noqa: E402
+from fa_lab.bench import records as recorded  # noqa: E402
+from fa_lab.kernels.triton import bwd as triton_bwd
+from fa_lab.kernels.triton import fwd as triton_fwd
 from fa_lab.autograd import saved_for_backward  # noqa: E402
 from fa_lab.bench.calls import ours, sdpa  # noqa: E402
-from fa_lab.flops import attention_flops  # noqa: E402
-from fa_lab.testing import random_qkv  # noqa: E402
-from fa_lab.timing import time_fn  # noqa: E402
+from fa_lab.core.flops import attention_flops  # noqa: E402
+from fa_lab.core.testing import random_qkv  # noqa: E402
+from fa_lab.bench.timer import time_fn  # noqa: E402
 
 # (batch, heads, seq, head_dim, causal): the table
 ROWS = [

@@ -1,6 +1,6 @@
 """Chapter 6's GPU data: measure the ceilings, time the attention forwards, correlate with the model.
 
-Writes two recordings (``fa_lab.recorded``): ``gpu_ch6_ceilings.json`` (matmul, copy and exp
+Writes two recordings (``fa_lab.bench.records``): ``gpu_ch6_ceilings.json`` (matmul, copy and exp
 ceilings) and ``gpu_ch6.json`` (one record per kernel × shape × dtype, with the model's
 prediction after calibration).  Run on a GPU, from the repository root:
 
@@ -21,9 +21,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import fa_lab  # noqa: E402  (first: it picks the world)
-from fa_lab import recorded  # noqa: E402
-from fa_lab.perfmodel import correlate, devices, hardware  # noqa: E402
-from fa_lab.perfmodel.model import Problem  # noqa: E402
+from fa_lab.bench import records as recorded  # noqa: E402
+from fa_lab.perf import correlate  # noqa: E402
+from fa_lab.perf import devices
+from fa_lab.perf import hardware
+from fa_lab.perf.model import Problem  # noqa: E402
 
 DEFAULT_KERNELS = ["flash", "triton", "numba_tiled", "cudnn:bf16", "efficient:bf16", "math:bf16", "naive_torch:bf16",
                    "numba_naive"]

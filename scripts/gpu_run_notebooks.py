@@ -1,7 +1,7 @@
 """Execute every notebook of the book at full size and record what happened (driven by gpu_run_notebooks.sh).
 
 Writes, into the output folder:
-  gpu_notebooks.json   fa_lab.recorded format: meta (device, versions, date, command, test-suite result)
+  gpu_notebooks.json   fa_lab.bench.records format: meta (device, versions, date, command, test-suite result)
                        and one record per notebook (status, wall time, cells, images, slowest cells,
                        a short summary of its text outputs); rewritten after every notebook, so a run
                        cut short still leaves what it finished
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import fa_lab  # first: it picks the world before numba or triton is imported
-from fa_lab import recorded
+from fa_lab.bench import records as recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TEXT = 240      # characters kept from one output

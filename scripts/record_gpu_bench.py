@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import fa_lab  # noqa: E402  (first: it picks the world)
-from fa_lab.bench import configs, runner  # noqa: E402
+from fa_lab.bench import configs  # noqa: E402
+from fa_lab.bench import runner
 
 PARTS = {
     "latency": [dict(shapes=[configs.LATENCY], dtypes=["bf16", "fp32"], masks=["none", "causal", "window"],

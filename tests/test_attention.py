@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.reference import reference_attention
-from fa_lab.testing import MASKS, assert_close, random_qkv
+from fa_lab.core.reference import reference_attention
+from fa_lab.core.testing import MASKS, assert_close, random_qkv
 
 # (batch, heads, kv_heads, n_q, n_k)
 SHAPES = [
@@ -29,7 +29,7 @@ def _cases():
             continue
         head_dim = min(max(16, impl.head_dims[0]), impl.head_dims[1])
         for (shape, mask), dtype in itertools.product(itertools.product(SHAPES, MASKS), impl.dtypes):
-            if fa_lab.masks.mask_kind(**mask) not in impl.masks or (shape[1] != shape[2] and not impl.gqa):
+            if fa_lab.core.masks.mask_kind(**mask) not in impl.masks or (shape[1] != shape[2] and not impl.gqa):
                 continue
             yield pytest.param(name, shape, head_dim, mask, dtype,
                                id=f"{name}-{'x'.join(map(str, shape))}-{mask['causal']}-{mask['window']}-{dtype}")

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab import torch_tiled
+from fa_lab.kernels import torch_tiled
 from fa_lab.autograd import saved_for_backward
-from fa_lab.reference import reference_attention
-from fa_lab.testing import MASKS, max_error, random_qkv
+from fa_lab.core.reference import reference_attention
+from fa_lab.core.testing import MASKS, max_error, random_qkv
 
 # (batch, heads, kv_heads, n_q, n_k, head_dim)
 SHAPES = [

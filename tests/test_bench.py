@@ -9,8 +9,11 @@ import torch
 
 import fa_lab
 from fa_lab import cli
-from fa_lab.bench import COLUMNS, configs, load_recorded, peers, recorded_table, runner
-from fa_lab.flops import attention_flops
+from fa_lab.bench import COLUMNS, load_recorded, recorded_table
+from fa_lab.bench import configs
+from fa_lab.bench import peers
+from fa_lab.bench import runner
+from fa_lab.core.flops import attention_flops
 
 
 def _bench(tmp_path, *extra):
@@ -56,7 +59,7 @@ def test_plot_and_table(tmp_path, capsys):
 # ---------------------------------------------------------------------------- parsing
 
 def _plan(*argv):
-    from fa_lab.cli_bench import plan
+    from fa_lab.bench.cli import plan
 
     return plan(cli.build_parser().parse_args(["bench", *argv]))
 
@@ -237,7 +240,7 @@ def test_recorded_gpu_files_follow_the_schema(suite):
 # ---------------------------------------------------------------------------- interleaved timing
 
 def test_time_interleaved_times_each_callable_every_round_in_balanced_orders(monkeypatch):
-    from fa_lab import timing
+    from fa_lab.bench import timer as timing
 
     fns = {name: (lambda s=s: time.sleep(s)) for name, s in (("fast", 0.0005), ("slow", 0.003), ("mid", 0.0015))}
     out = timing.time_interleaved(fns, rounds=6)
@@ -258,7 +261,7 @@ def test_time_interleaved_times_each_callable_every_round_in_balanced_orders(mon
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_balanced_orders_give_every_callable_each_predecessor_equally_often(n):
-    from fa_lab.timing import balanced_orders
+    from fa_lab.bench.timer import balanced_orders
 
     orders = balanced_orders(n)
     assert len(orders) == (2 * n if n % 2 and n > 1 else n)
@@ -275,7 +278,7 @@ def test_balanced_orders_give_every_callable_each_predecessor_equally_often(n):
 
 
 def test_recorded_chapter4_peers_are_interleaved_and_complete():
-    from fa_lab import recorded
+    from fa_lab.bench import records as recorded
 
     meta, gpu = recorded.load("gpu_ch4")
     if meta is None:

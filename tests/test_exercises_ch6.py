@@ -1,9 +1,9 @@
-"""Chapter 6's exercise: the solution agrees with fa_lab.perfmodel, and typical wrong counts are named."""
+"""Chapter 6's exercise: the solution agrees with fa_lab.perf, and typical wrong counts are named."""
 import pytest
 
 from fa_lab.exercises import check, get, reference
 from fa_lab.exercises.ch6 import _exact_keys, _kv_once, _no_lse, _no_skipping
-from fa_lab.perfmodel.model import Problem, flash_forward_counts
+from fa_lab.perf.model import Problem, flash_forward_counts
 
 DTYPES = {2: "fp16", 4: "fp32"}
 

@@ -13,8 +13,10 @@ import nbformat
 import pytest
 
 import fa_lab  # noqa: F401
-from fa_lab import cli, cli_grade
-from fa_lab.exercises import core, get, names
+from fa_lab import cli
+from fa_lab.exercises import grade as cli_grade
+from fa_lab.exercises import get, names
+from fa_lab.exercises import core
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "exercises"
@@ -34,7 +36,7 @@ def _param(nb):
 
 
 def test_grade_is_a_subcommand():
-    assert cli.SUBCOMMANDS["grade"] == "fa_lab.cli_grade"
+    assert cli.SUBCOMMANDS["grade"] == "fa_lab.exercises.grade"
 
 
 def test_core_notebooks_exist():

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.testing import random_qkv
+from fa_lab.core.testing import random_qkv
 
 
 def qkv(**kw):
@@ -47,7 +47,7 @@ def test_unsupported_dtype_is_refused_not_ignored():
 
 
 def test_masks_an_implementation_lacks_are_refused():
-    fake = fa_lab.registry.Implementation(name="nomask", fn=None, chapter=1, description="x", masks=("none",))
+    fake = fa_lab.core.registry.Implementation(name="nomask", fn=None, chapter=1, description="x", masks=("none",))
     spec = fa_lab.make_spec(*qkv(), causal=True)
     assert "supports masks" in fake.unsupported(spec, fa_lab.WORLD)
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab import numba_steps
-from fa_lab import numba_tiled as nt
-from fa_lab.reference import reference_attention
-from fa_lab.testing import assert_close, random_qkv
+from fa_lab.kernels.numba import steps as numba_steps
+from fa_lab.kernels.numba import tiled as nt
+from fa_lab.core.reference import reference_attention
+from fa_lab.core.testing import assert_close, random_qkv
 
 STEPS = [name for name in numba_steps.STEPS if name != "numba_naive"]   # the chapter's kernels, in order
 

@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from fa_lab.flops import attention_flops
-from fa_lab.masks import block_key_range, visible
-from fa_lab.perfmodel import correlate, devices
-from fa_lab.perfmodel.model import (Problem, count, flash_backward_counts, flash_forward_counts, naive_counts, predict,
-                                    tiles, visible_pairs)
+from fa_lab.core.flops import attention_flops
+from fa_lab.core.masks import block_key_range, visible
+from fa_lab.perf import correlate
+from fa_lab.perf import devices
+from fa_lab.perf.model import Problem, count, flash_backward_counts, flash_forward_counts, naive_counts, predict, tiles, visible_pairs
 
 
 def P(n_q=256, n_k=None, mask="full", window=None, D=64, Dv=None, **kw):
@@ -293,7 +293,7 @@ def test_report_shapes_are_not_calibration_shapes():
 
 
 def test_recorded_gpu_data_is_consistent():
-    from fa_lab import recorded
+    from fa_lab.bench import records as recorded
 
     meta, df = recorded.load("gpu_ch6")
     if meta is None:
@@ -308,7 +308,7 @@ def test_recorded_gpu_data_is_consistent():
 
 # ----------------------------------------------------------------------------- the CLI
 def _cli(argv, capsys):
-    from fa_lab import cli_correlate
+    from fa_lab.perf import cli as cli_correlate
     import argparse
 
     parser = argparse.ArgumentParser()
@@ -375,7 +375,7 @@ def test_cli_measure_hardware(tmp_path, capsys):
 def test_cli_is_a_fa_lab_subcommand():
     from fa_lab.cli import SUBCOMMANDS
 
-    assert SUBCOMMANDS["correlate"] == "fa_lab.cli_correlate"
+    assert SUBCOMMANDS["correlate"] == "fa_lab.perf.cli"
 
 
 def test_cli_lists_devices(capsys):
@@ -386,7 +386,7 @@ def test_cli_lists_devices(capsys):
 # ----------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
 def test_measure_kernels_on_the_gpu():
-    from fa_lab.perfmodel import hardware
+    from fa_lab.perf import hardware
 
     p = Problem(batch=2, heads=4, n_q=1024, head_dim=64, mask="causal", dtype="bf16")
     for kernel in ("flash", "math", "triton"):
@@ -397,7 +397,7 @@ def test_measure_kernels_on_the_gpu():
 
 @pytest.mark.gpu
 def test_ceilings_on_the_gpu():
-    from fa_lab.perfmodel import hardware
+    from fa_lab.perf import hardware
 
     recs = {r["name"]: r for r in hardware.measure_ceilings(n=2048, copy_bytes=2**28)}
     assert all(r["status"] == "ok" for r in recs.values()), recs

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab import triton_fwd
-from fa_lab.reference import reference_attention
-from fa_lab.testing import assert_close, random_qkv
-from fa_lab.triton_fwd import Variant, triton_forward
+from fa_lab.kernels.triton import fwd as triton_fwd
+from fa_lab.core.reference import reference_attention
+from fa_lab.core.testing import assert_close, random_qkv
+from fa_lab.kernels.triton.fwd import Variant, triton_forward
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 MASKS = [

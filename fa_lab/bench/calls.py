@@ -21,7 +21,7 @@ def sdpa(backend):
 
 def ours(name):
     """A registered fa_lab implementation, called through ``fa_lab.attention``."""
-    from ..api import attention
+    from fa_lab.api import attention
 
     def run(q, k, v, causal):
         return attention(q, k, v, impl=name, causal=causal)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import Implementation
+from fa_lab.core.registry import Implementation
 
 _ALL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

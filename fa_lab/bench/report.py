@@ -4,7 +4,7 @@ or live) and returns a DataFrame; the notebook only shows them.
 """
 from __future__ import annotations
 
-from .peers import PEERS
+from fa_lab.bench.peers import PEERS
 
 
 def is_ours(impl: str) -> bool:
@@ -144,7 +144,7 @@ def color(impl: str):
         return _COLORS[impl]
     import matplotlib
 
-    from .runner import known_impls
+    from fa_lab.bench.runner import known_impls
 
     names = known_impls()
     return matplotlib.colormaps["tab20"]((names.index(impl) if impl in names else len(impl)) % 20)

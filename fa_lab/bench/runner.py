@@ -1,5 +1,5 @@
 """The benchmark suite: every (implementation × shape × dtype × mask × mode) through
-``fa_lab.timing.benchmark``, then the columns that compare rows with each other.
+``fa_lab.bench.timer.benchmark``, then the columns that compare rows with each other.
 
 Data first: ``run_suite`` returns records (dicts, one per measurement, schema in
 ``COLUMNS``); ``save`` writes them as CSV plus JSON with the facts of the machine;
@@ -19,12 +19,12 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import registry
-from ..flops import attention_flops
-from ..timing import as_dtype, benchmark
-from ..world import DEVICE, ON_GPU, WORLD, describe
-from .configs import Shape
-from .peers import PEERS
+from fa_lab.core import registry
+from fa_lab.core.flops import attention_flops
+from fa_lab.bench.timer import as_dtype, benchmark
+from fa_lab.core.world import DEVICE, ON_GPU, WORLD, describe
+from fa_lab.bench.configs import Shape
+from fa_lab.bench.peers import PEERS
 
 #: every record has these keys, in this order (CSV column order)
 COLUMNS = [
@@ -47,9 +47,7 @@ def known_impls() -> list[str]:
 
 def is_step(impl) -> bool:
     """A chapter's intermediate step (``triton_minimal``, ``numba_smem``, ...) rather than its final kernel."""
-    import re
-
-    return any("step" in t for t in impl.tags) or bool(re.search(r"^ch\d+ step|intermediate step", impl.description))
+    return impl.step_of is not None
 
 
 def default_impls(*, steps: bool = True) -> list[str]:
@@ -74,7 +72,7 @@ def _implementation(name):
 
 
 def _model_spec(shape: Shape, dtype, causal, window):
-    from ..masks import effective_window, mask_kind
+    from fa_lab.core.masks import effective_window, mask_kind
 
     left, right = effective_window(causal, window)
     kv = shape.kv_heads or shape.heads
@@ -240,7 +238,7 @@ def to_frame(records):
 
 def metadata(command: str | None = None, **extra) -> dict:
     """The facts of this machine that travel with every result file."""
-    from ..recorded import _driver
+    from fa_lab.bench.records import _driver
 
     meta = describe()
     meta.update(driver=_driver() if ON_GPU else None,

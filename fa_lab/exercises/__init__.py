@@ -17,9 +17,8 @@ import importlib
 import json
 import os
 
-from .core import (DEFAULT_SEEDS, DEFAULT_TIMEOUT, Case, CheckResult, Exercise, Mistake, _EXERCISES,
-                   register_exercise, run_check)
-from .structure import NoQuadraticBuffer, ReadBudget, SimLoadBudget, StructureCheck
+from fa_lab.exercises.core import DEFAULT_SEEDS, DEFAULT_TIMEOUT, Case, CheckResult, Exercise, Mistake, _EXERCISES, register_exercise, run_check
+from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget, SimLoadBudget, StructureCheck
 
 #: set by ``fa-lab grade``: every check() appends its result here (one JSON object per line),
 #: with the default seeds and time limit whatever the notebook asked for

@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from .core import Case, Exercise, Mistake, register_exercise
-from .structure import NoQuadraticBuffer, ReadBudget
+from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget
 
 
 def merge_states(m_a, l_a, m_b, l_b):

@@ -5,14 +5,14 @@
 2. ``ch3_key_tiles``    which key tiles a query block must visit at all (masked-tile skipping);
 3. ``ch3_tile_update``  the online-softmax update of (m_i, l_i, acc) with one tile of scores.
 
-They are the pieces of ``fa_lab.numba_tiled``'s kernel written in PyTorch on small tensors,
+They are the pieces of ``fa_lab.kernels.numba.tiled``'s kernel written in PyTorch on small tensors,
 so the checks run in milliseconds on any machine.
 """
 from __future__ import annotations
 
 import torch
 
-from .core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
 
 
 # --------------------------------------------------------------------------- solutions

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
 
 
 def key_block_ranges(m_start, block_m, block_n, n_q, n_k, left=-1, right=-1):
@@ -26,9 +26,9 @@ def key_block_ranges(m_start, block_m, block_n, n_q, n_k, left=-1, right=-1):
     ``range(lo, mid_lo, block_n)`` with a mask, ``range(mid_lo, mid_hi, block_n)`` without
     one, and ``range(mid_hi, hi, block_n)`` with a mask.  Query ``i`` sees key ``j`` when
     ``i + n_k - n_q - left <= j <= i + n_k - n_q + right`` (``-1`` = unbounded) and ``0 <= j < n_k``.
-    (The solution is the kernel's own arithmetic, ``fa_lab.triton_fwd.key_block_ranges``.)
+    (The solution is the kernel's own arithmetic, ``fa_lab.kernels.triton.fwd.key_block_ranges``.)
     """
-    from ..triton_fwd import key_block_ranges as kernel_ranges
+    from fa_lab.kernels.triton.fwd import key_block_ranges as kernel_ranges
 
     return kernel_ranges(m_start, block_m, block_n, n_q, n_k, left, right)
 
@@ -145,8 +145,8 @@ def flash_forward(q, k, v, causal=False):
     The learner writes it as a Triton kernel (the notebook gives the skeleton); the solution
     here is the float64 reference, so any correct kernel passes.
     """
-    from ..reference import reference_attention
-    from ..spec import make_spec
+    from fa_lab.core.reference import reference_attention
+    from fa_lab.core.spec import make_spec
 
     q4, k4, v4 = (t[None, None] for t in (q, k, v))
     o, lse = reference_attention(q4, k4, v4, make_spec(q4, k4, v4, causal=causal))
@@ -200,7 +200,7 @@ def flash_forward_triton(q, k, v, causal=False):
 
 
 def _flash_cases(seed):
-    from ..world import DEVICE
+    from fa_lab.core.world import DEVICE
 
     g = torch.Generator().manual_seed(seed)
     specs = [  # n_q, n_k, D, causal, dtype

@@ -45,9 +45,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..testing import tolerance
-from .feedback import Mismatch, check_like, compare_tensor, heatmap_png
-from .structure import PoisonEmpty, Watch, poison_
+from fa_lab.core.testing import tolerance
+from fa_lab.exercises.feedback import Mismatch, check_like, compare_tensor, heatmap_png
+from fa_lab.exercises.structure import PoisonEmpty, Watch, poison_
 
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_TIMEOUT = 60.0  # seconds for a whole check

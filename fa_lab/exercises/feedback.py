@@ -16,8 +16,8 @@ import warnings
 
 import torch
 
-from ..masks import effective_window, key_range
-from ..testing import tolerance
+from fa_lab.core.masks import effective_window, key_range
+from fa_lab.core.testing import tolerance
 
 LN2 = math.log(2.0)
 _CROP = 48  # the heatmap shows at most a 48 x 48 window around the worst element

@@ -200,7 +200,7 @@ class SimLoadBudget(StructureCheck):
         self.label = f"global loads of {', '.join(self.watch_args.values())} ≤ {budget:g} per element (simulator)"
 
     def applies(self, case) -> bool:
-        from ..world import ON_GPU
+        from fa_lab.core.world import ON_GPU
 
         return not ON_GPU and super().applies(case)
 

@@ -6,9 +6,8 @@ and correlate it with what the GPU measures (``fa-lab correlate``).
 * ``hardware`` — measuring ceilings and kernels on a GPU (SDPA backends or any registered kernel);
 * ``correlate`` — calibration shapes, report shapes, and the predicted-vs-measured table.
 """
-from .devices import DEVICES, Device, device_names, get_device, select, sim_device_names
-from .model import (ALGORITHMS, MASKS, Counts, Prediction, Problem, attainable, count, flash_backward_counts,
-                    flash_forward_counts, naive_counts, predict, tiles, visible_pairs)
+from fa_lab.perf.devices import DEVICES, Device, device_names, get_device, select, sim_device_names
+from fa_lab.perf.model import ALGORITHMS, MASKS, Counts, Prediction, Problem, attainable, count, flash_backward_counts, flash_forward_counts, naive_counts, predict, tiles, visible_pairs
 
 __all__ = ["DEVICES", "Device", "device_names", "get_device", "select", "sim_device_names", "ALGORITHMS", "MASKS",
            "Counts", "Prediction", "Problem", "attainable", "count", "flash_backward_counts", "flash_forward_counts",

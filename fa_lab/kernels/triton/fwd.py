@@ -51,8 +51,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .registry import register
-from .world import ON_GPU
+from fa_lab.core.data import DATA_DIR
+from fa_lab.core.registry import register
+from fa_lab.core.world import ON_GPU
 
 LOG2E = 1.4426950408889634  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln 2: lse = (m + log2 l) * LN2
@@ -433,7 +434,7 @@ class ConfigCache:
     collects what this machine tuned, so a notebook re-run does not tune again.
     """
 
-    SHIPPED = Path(__file__).parent / "data" / "triton_fwd_configs.json"
+    SHIPPED = DATA_DIR / "triton_fwd_configs.json"
 
     def __init__(self):
         cache_dir = os.environ.get("FA_LAB_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "fa_lab")
@@ -531,7 +532,7 @@ def _tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> di
     # The top three again, in interleaved rounds: a 25 ms sample of one candidate can be off
     # by 5%, and under sustained load the clock drifts down, which would favour whichever
     # finalist happened to be timed first.  The median of each one's rounds decides.
-    from .timing import time_interleaved
+    from fa_lab.bench.timer import time_interleaved
 
     finalists = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:3]]
     rounds = time_interleaved({i: functools.partial(launch, cfg) for i, cfg in enumerate(finalists)},
@@ -808,9 +809,9 @@ def flash_attention(q, k, v, *, causal: bool = False, window=(-1, -1), scale=Non
     Same contract as ``fa_lab.attention(..., impl="triton")``; ``precision='tf32'`` lets
     float32 inputs use the Tensor Cores (TF32) instead of exact fp32 products.
     """
-    from .registry import get
-    from .spec import make_spec
-    from .world import WORLD
+    from fa_lab.core.registry import get
+    from fa_lab.core.spec import make_spec
+    from fa_lab.core.world import WORLD
 
     spec = make_spec(q, k, v, causal=causal, window=window, scale=scale)
     why = get("triton").unsupported(spec, WORLD)
@@ -826,7 +827,7 @@ register(
                 "skipped, autotuned tiles and pipelining; fp32 runs exact (IEEE) products",
     dtypes=SUPPORTED_DTYPES, head_dims=HEAD_DIMS,
     extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,  # lse
-    notes="fp32 uses IEEE products; fa_lab.triton_fwd.flash_attention(..., precision='tf32') for TF32. "
+    notes="fp32 uses IEEE products; fa_lab.kernels.triton.fwd.flash_attention(..., precision='tf32') for TF32. "
           "head_dim must be a multiple of 8 (fp16/bf16) or 4 (fp32).",
     tags=("triton", "tensor-cores"),
 )(triton_forward)

@@ -2,7 +2,7 @@
 
 A *hardware kernel* is either a PyTorch SDPA backend (``flash``, ``efficient``, ``cudnn``, ``math``)
 or the name of any implementation registered in ``fa_lab`` (``triton``, ``numba_tiled``, …).
-Every timing goes through ``fa_lab.timing.time_fn`` (CUDA events, median; L2 flushed between runs).
+Every timing goes through ``fa_lab.bench.timer.time_fn`` (CUDA events, median; L2 flushed between runs).
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import contextlib
 
 import torch
 
-from ..world import DEVICE, ON_GPU, WORLD
-from .model import Problem
+from fa_lab.core.world import DEVICE, ON_GPU, WORLD
+from fa_lab.perf.model import Problem
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -19,7 +19,7 @@ _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.fl
 
 def kernel_names() -> list[str]:
     """What ``--hardware-kernel`` accepts: the SDPA backends, then every registered implementation."""
-    from ..registry import implementations
+    from fa_lab.core.registry import implementations
 
     return list(SDPA_BACKENDS) + [n for n in implementations() if n != "reference"]
 
@@ -66,13 +66,13 @@ def make_call(kernel: str, p: Problem, seed: int = 0):
             if kernel in ("flash", "cudnn"):
                 raise ValueError(f"SDPA's {kernel} backend takes no sliding window (only an is_causal flag); "
                                  "use efficient, math, or a fa_lab kernel such as triton")
-            from ..masks import visible
+            from fa_lab.core.masks import visible
 
             kw["attn_mask"] = visible(p.n_q, p.n_k, left, right, device=q.device)
         return (lambda: F.scaled_dot_product_attention(q, k, v, **kw)), sdpa_kernel([_sdpa_backend(kernel)])
 
-    from ..registry import get
-    from ..spec import make_spec
+    from fa_lab.core.registry import get
+    from fa_lab.core.spec import make_spec
 
     impl = get(kernel)   # ValueError listing the known names
     if p.head_dim_v != p.head_dim:
@@ -94,14 +94,14 @@ def kernel_blocks(kernel: str, p: Problem) -> dict:
     """
     try:
         if kernel == "numba_tiled":
-            from .. import numba_tiled
+            from fa_lab.kernels.numba import tiled as numba_tiled
 
             gpu_configs = getattr(numba_tiled, "_GPU_CONFIGS", {})
             cfg = gpu_configs.get(numba_tiled.head_dim_bucket(p.head_dim)) or numba_tiled.config_for(p.head_dim)
             return dict(block_m=cfg.block_m, block_n=cfg.block_n, threads=cfg.threads)
         if kernel == "triton":
-            from .. import triton_fwd
-            from ..spec import make_spec
+            from fa_lab.kernels.triton import fwd as triton_fwd
+            from fa_lab.core.spec import make_spec
 
             q, k, v = (torch.empty(1, h, n, p.head_dim, device="meta") for h, n in
                        ((p.heads, p.n_q), (p.kv_heads, p.n_k), (p.kv_heads, p.n_k)))
@@ -123,7 +123,7 @@ def kernel_blocks(kernel: str, p: Problem) -> dict:
 
 def measure(kernel: str, p: Problem, *, rep: int = 10, seed: int = 0) -> dict:
     """Time ``kernel`` on ``p``: ``{'status': 'ok', 'ms': …, 'ms_p10', 'ms_p90', 'timer'}``, or a status saying why not."""
-    from ..timing import time_fn
+    from fa_lab.bench.timer import time_fn
 
     out = dict(kernel=kernel, world=WORLD)
     try:
@@ -158,7 +158,7 @@ def _tf32(allowed: bool):
 
 
 def _matmul_ceiling(dtype, n: int, tf32: bool = False) -> float:
-    from ..timing import time_fn
+    from fa_lab.bench.timer import time_fn
 
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)   # random data: zeros run faster
@@ -169,7 +169,7 @@ def _matmul_ceiling(dtype, n: int, tf32: bool = False) -> float:
 
 
 def _copy_ceiling(nbytes: int) -> float:
-    from ..timing import time_fn
+    from fa_lab.bench.timer import time_fn
 
     x = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
     y = torch.empty_like(x)
@@ -179,8 +179,8 @@ def _copy_ceiling(nbytes: int) -> float:
 
 def _exp_ceiling() -> float:
     """Exponentials per second: ``exp_probe.exp_chain`` keeps every SM busy with dependent ``exp2``."""
-    from ..timing import time_fn
-    from .exp_probe import exp_chain
+    from fa_lab.bench.timer import time_fn
+    from fa_lab.perf.exp_probe import exp_chain
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     block, iters, programs = 1024, 2048, sms * 16

@@ -12,8 +12,8 @@ benchmarks run it like any implementation:
 3. ``numba_regtile`` — register tiling: each thread computes a small ``ROWS x KEYS``
    tile of S and a ``ROWS x DIMS`` tile of O, so a value read from shared memory is
    used several times from a register (the SGEMM micro-kernel trick).  This is
-   ``fa_lab.numba_tiled``'s kernel with every key tile computed, masked ones included.
-4. ``numba_tiled`` (``fa_lab.numba_tiled``) — the same kernel looping only over the key
+   ``fa_lab.kernels.numba.tiled``'s kernel with every key tile computed, masked ones included.
+4. ``numba_tiled`` (``fa_lab.kernels.numba.tiled``) — the same kernel looping only over the key
    tiles its block can see: under a causal mask about half of them are never touched.
 
 All steps honour the full contract (tails, Nq != Nk, causal, windows, GQA, lse, rows
@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from numba import cuda, float32, uint32, uint64
 
-from .numba_bridge import as_array, require_float32, stream
-from .numba_tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled, simulator_speed
-from .registry import register
-from .world import pick
+from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled, simulator_speed
+from fa_lab.core.registry import register
+from fa_lab.core.world import pick
 
 ROWWISE_THREADS = pick(cpu=4, gpu=128)
 SMEM_BLOCK_M = pick(cpu=4, gpu=128)
@@ -216,7 +216,7 @@ STEPS = {
 }
 
 _COMMON = dict(chapter=3, dtypes=(torch.float32,), head_dims=(1, MAX_HEAD_DIM),
-               extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q)
+               extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q, step_of="numba_tiled")
 register("numba_rowwise", description="ch3 step 1: one thread per query row, K/V from global memory",
          **_COMMON)(numba_rowwise)
 register("numba_smem", description="ch3 step 2: K/V tiles in shared memory, one query row per thread",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from numba import cuda
 
-from .world import ON_GPU
+from fa_lab.core.world import ON_GPU
 
 
 def as_array(t: torch.Tensor):

@@ -24,7 +24,7 @@ N=128..65536 x D=16..128 x bf16/fp32), latency (1,8,512,64). Explicit --batch/--
 
 
 def configure(parser) -> None:
-    from .bench.configs import config_names
+    from fa_lab.bench.configs import config_names
 
     parser.epilog = EPILOG
     parser.formatter_class = __import__("argparse").RawDescriptionHelpFormatter
@@ -68,9 +68,9 @@ def _positive(text: str) -> int:
 
 def plan(args) -> dict:
     """The parsed arguments as ``run_suite`` keyword arguments; ``ValueError`` says what is wrong."""
-    from .bench.configs import default_dtypes, default_mask, shapes
-    from .bench.runner import default_impls, known_impls
-    from .timing import as_dtype
+    from fa_lab.bench.configs import default_dtypes, default_mask, shapes
+    from fa_lab.bench.runner import default_impls, known_impls
+    from fa_lab.bench.timer import as_dtype
 
     impls = args.impl or default_impls()
     known = known_impls()
@@ -87,7 +87,7 @@ def plan(args) -> dict:
     if any(w < -1 for w in window):
         raise ValueError(f"--window sizes must be >= 0, or -1 for unbounded; got {window}")
     if args.warmup is not None or args.rep is not None:
-        from .world import ON_GPU
+        from fa_lab.core.world import ON_GPU
 
         gpu_ms = (args.warmup or 25, args.rep or 100) if ON_GPU else None
     else:
@@ -104,7 +104,7 @@ def plan(args) -> dict:
 def run(args) -> int:
     from collections import Counter
 
-    from .bench import runner
+    from fa_lab.bench import runner
 
     try:
         kwargs = plan(args)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .devices import Device
-from .model import Problem, count, predict
+from fa_lab.perf.devices import Device
+from fa_lab.perf.model import Problem, count, predict
 
 #: 16k tokens per batch and a model width of 2048, as in the FlashAttention papers' benchmarks
 TOKENS, WIDTH = 16384, 2048

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .masks import visible
-from .registry import register
+from fa_lab.core.masks import visible
+from fa_lab.core.registry import register
 
 
 def _naive_scores_memory(spec, itemsize):

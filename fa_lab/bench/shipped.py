@@ -2,7 +2,7 @@
 
 The files are ``fa_lab/data/gpu_bench_<device>_<suite>.json`` (plus a ``.csv`` twin),
 written by ``scripts/record_gpu_bench.py`` on a GPU: ``{"meta": {...}, "records": [...]}``,
-the format of ``fa_lab.recorded``.  A chapter that times something live on a laptop can
+the format of ``fa_lab.bench.records``.  A chapter that times something live on a laptop can
 show, beside it, what the same implementations did on a real GPU::
 
     from fa_lab.bench import load_recorded, recorded_table
@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+from fa_lab.core.data import DATA_DIR
+
 PREFIX = "gpu_bench_"
 
 
@@ -43,7 +44,7 @@ def load_recorded(name: str = "seed-table", *, device: str | None = None):
     """
     import pandas as pd
 
-    from ..recorded import label
+    from fa_lab.bench.records import label
 
     frames, metas = [], []
     for path in _files(name, device):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from .registry import register
+from fa_lab.core.registry import register
 
 
 @njit(parallel=True, cache=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .masks import effective_window, mask_kind
+from fa_lab.core.masks import effective_window, mask_kind
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -27,7 +27,7 @@ def _window(text: str):
 
 
 def configure(parser) -> None:
-    from .perfmodel.model import ALGORITHMS
+    from fa_lab.perf.model import ALGORITHMS
 
     g = parser.add_argument_group("problem")
     g.add_argument("--batch", type=int, default=1)
@@ -78,8 +78,8 @@ def _recorded_calibration(kernel: str, measured_ceilings: bool):
     The recording holds two fits of the same measurements: against the measured ceilings
     (``calibration``) and against the datasheet peaks (``calibration_datasheet``).
     """
-    from . import recorded
-    from .perfmodel.correlate import Calibration
+    from fa_lab.bench import records as recorded
+    from fa_lab.perf.correlate import Calibration
 
     meta, _ = recorded.load("gpu_ch6")
     key = "calibration" if measured_ceilings else "calibration_datasheet"
@@ -92,14 +92,16 @@ def _recorded_calibration(kernel: str, measured_ceilings: bool):
 
 def _kernel_blocks(kernel: str, problem) -> dict:
     """The tile sizes a fa_lab kernel picks for ``problem`` on a GPU (empty for the SDPA backends)."""
-    from .perfmodel import hardware
+    from fa_lab.perf import hardware
 
     got = hardware.kernel_blocks(kernel, problem)
     return {k: int(got[k]) for k in ("block_m", "block_n") if k in got}
 
 
 def run(args) -> int:
-    from .perfmodel import correlate, devices, model
+    from fa_lab.perf import correlate
+    from fa_lab.perf import devices
+    from fa_lab.perf import model
 
     if args.sim_device == "list":
         print("\n".join(devices.sim_device_names()))
@@ -117,7 +119,7 @@ def run(args) -> int:
         if args.ceilings:
             path = args.ceilings
             if path == "recorded":
-                from .recorded import DATA_DIR
+                from fa_lab.bench.records import DATA_DIR
 
                 path = DATA_DIR / "gpu_ch6_ceilings.json"
             device = device.with_ceilings_file(path)
@@ -158,7 +160,7 @@ def run(args) -> int:
           f"{device.sm_count} SMs, {pred.clock_mhz:.0f} MHz")
     as_kernel = f" (as {args.hardware_kernel}: {km.note})" if args.algorithm == km.algorithm else ""
     print(f"algorithm {args.algorithm} {blocks or ''}{as_kernel}")
-    print(f"FLOPs     convention {counts.flops:.4g} (fa_lab.flops) | visible pairs {counts.flops_visible:.4g} "
+    print(f"FLOPs     convention {counts.flops:.4g} (fa_lab.core.flops) | visible pairs {counts.flops_visible:.4g} "
           f"| executed tiles {counts.flops_executed:.4g}")
     print(f"traffic   HBM no-cache {_fmt_bytes(counts.hbm_bytes)} | compulsory {_fmt_bytes(counts.compulsory_bytes)} "
           f"| DRAM estimate (L2) {_fmt_bytes(pred.dram_bytes)}")
@@ -186,8 +188,8 @@ def run(args) -> int:
 def _measure(args, counts, pred) -> dict:
     import torch
 
-    from .perfmodel import hardware
-    from .world import ON_GPU
+    from fa_lab.perf import hardware
+    from fa_lab.core.world import ON_GPU
 
     if not ON_GPU:
         msg = ("--measure-hardware: no CUDA GPU in this world (fa_lab runs the CPU simulator/interpreter); "

@@ -14,9 +14,9 @@ import math
 import torch
 from numba import cuda
 
-from .numba_bridge import as_array, require_float32, stream
-from .registry import register
-from .world import pick
+from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.core.registry import register
+from fa_lab.core.world import pick
 
 TILE = pick(cpu=4, gpu=16)  # threads per block side; the simulator runs one Python thread per CUDA thread
 

@@ -15,12 +15,12 @@ import time
 
 import torch
 
-from . import registry
-from .api import attention
-from .flops import spec_flops
-from .spec import make_spec
-from .testing import random_qkv
-from .world import DEVICE, ON_GPU, WORLD
+from fa_lab.core import registry
+from fa_lab.api import attention
+from fa_lab.core.flops import spec_flops
+from fa_lab.core.spec import make_spec
+from fa_lab.core.testing import random_qkv
+from fa_lab.core.world import DEVICE, ON_GPU, WORLD
 
 _DTYPES = {"fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16,
            "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
@@ -142,7 +142,7 @@ def _resolve(impl: str):
     try:
         return registry.get(impl), True
     except ValueError:
-        from .bench.peers import get_peer
+        from fa_lab.bench.peers import get_peer
 
         peer = get_peer(impl) if isinstance(impl, str) else None
         if peer is None:
@@ -152,8 +152,8 @@ def _resolve(impl: str):
 
 def _check(call, q, k, v, spec, mode, do) -> dict:
     """Max abs error of O (and of dQ, dK, dV for the backward modes) against the float64 reference."""
-    from .reference import reference_attention
-    from .testing import max_error
+    from fa_lab.core.reference import reference_attention
+    from fa_lab.core.testing import max_error
 
     q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_(mode != "fwd") for t in (q, k, v))
     ref_o, _ = reference_attention(q64, k64, v64, spec)

@@ -87,7 +87,8 @@ def _package_root() -> str:
 
 
 def _planned_max(name: str) -> int:
-    from fa_lab.exercises import core, get
+    from fa_lab.exercises import get
+    from fa_lab.exercises import core
 
     try:
         return core.max_score(get(name))

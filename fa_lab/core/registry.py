@@ -11,19 +11,19 @@ from typing import Callable
 
 import torch
 
-from .spec import AttentionSpec
+from fa_lab.core.spec import AttentionSpec
 
 #: Modules that register implementations when imported, in the book's order.
 IMPLEMENTATION_MODULES = [
-    "fa_lab.reference_impl",
-    "fa_lab.naive",
-    "fa_lab.online",
-    "fa_lab.numba_naive",
-    "fa_lab.numba_tiled",    # chapter 3: `numba_tiled`
-    "fa_lab.numba_steps",    # chapter 3: its steps, numba_rowwise, numba_smem, numba_regtile
-    "fa_lab.triton_fwd",     # chapter 4: `triton`
-    "fa_lab.triton_steps",   # chapter 4: its steps, triton_minimal ... triton_autotuned
-    "fa_lab.torch_tiled",    # chapter 5: `torch_tiled`
+    "fa_lab.core.reference",
+    "fa_lab.kernels.naive",
+    "fa_lab.kernels.online",
+    "fa_lab.kernels.numba.naive",
+    "fa_lab.kernels.numba.tiled",    # chapter 3: `numba_tiled`
+    "fa_lab.kernels.numba.steps",    # chapter 3: its steps, numba_rowwise, numba_smem, numba_regtile
+    "fa_lab.kernels.triton.fwd",     # chapter 4: `triton`
+    "fa_lab.kernels.triton.steps",   # chapter 4: its steps, triton_minimal ... triton_autotuned
+    "fa_lab.kernels.torch_tiled",    # chapter 5: `torch_tiled`
     "fa_lab.autograd",       # chapter 5: `flash_triton`, `torch_compile_bwd`
 ]
 
@@ -49,6 +49,8 @@ class Implementation:
     host_only: bool = False               # runs on the host (NumPy / Numba @njit): any tensor device, copied
     extra_memory: Callable | None = None  # spec -> bytes of workspace beyond inputs and outputs (model)
     notes: str = ""
+    #: the chapter's final implementation this one is an intermediate step towards (None: not a step)
+    step_of: str | None = None
     tags: tuple = field(default_factory=tuple)
 
     @property
@@ -107,7 +109,7 @@ def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
     head dims, worlds and whether it has a backward.  ``runnable=True`` keeps only
     those that run in the current world.
     """
-    from .world import WORLD
+    from fa_lab.core.world import WORLD
 
     _load_all()
     # by chapter (stable within one), whatever order the modules happened to be imported in

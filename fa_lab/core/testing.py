@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .world import DEVICE
+from fa_lab.core.world import DEVICE
 
 #: One call of each mask kind (keyword arguments of ``fa_lab.attention``): none, causal, a
 #: sliding window, a two-sided window, causal with a window.  Sizes 2..4 keep tiny problems masked.

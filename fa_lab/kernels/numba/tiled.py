@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from numba import cuda, float32, uint32, uint64
 
-from .numba_bridge import as_array, require_float32, stream
-from .registry import register
-from .world import ON_GPU, pick
+from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.core.registry import register
+from fa_lab.core.world import ON_GPU, pick
 
 #: Head dims are padded up to one of these; each has its own compiled kernel.
 HEAD_DIM_BUCKETS = (16, 32, 64, 128)
@@ -107,7 +107,7 @@ GPU_CONFIGS = {
     128: TileConfig(64, 16, 16, 4, 128, share_kv=True),
 }
 CPU_CONFIGS = {d: TileConfig(4, 4, 2, 2, d) for d in HEAD_DIM_BUCKETS}
-_GPU_CONFIGS, _CPU_CONFIGS = GPU_CONFIGS, CPU_CONFIGS   # older names (fa_lab.perfmodel reads _GPU_CONFIGS)
+_GPU_CONFIGS, _CPU_CONFIGS = GPU_CONFIGS, CPU_CONFIGS   # older names (fa_lab.perf reads _GPU_CONFIGS)
 
 
 def head_dim_bucket(head_dim: int) -> int:
@@ -412,7 +412,7 @@ def hbm_bytes(spec, block_m: int | None = None, block_n: int | None = None) -> d
     K and V are read ``ceil(Nq / BLOCK_M)`` times per (batch, head) — fewer under a mask.
     (On the GPU most of those repeated reads hit the L2 cache: this counts them all.)
     """
-    from .masks import block_key_range
+    from fa_lab.core.masks import block_key_range
 
     cfg = config_for(spec.head_dim)
     block_m, block_n = block_m or cfg.block_m, block_n or cfg.block_n

@@ -10,7 +10,7 @@ def run(args) -> int:
     import json
 
     import fa_lab
-    from fa_lab.registry import table
+    from fa_lab.core.registry import table
 
     if args.json:
         info = fa_lab.describe()

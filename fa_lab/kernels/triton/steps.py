@@ -7,7 +7,7 @@ it like any other kernel, and each adds one idea to the one before:
 ``triton_minimal``     the FA2 loop: pointer arithmetic, masked loads, ``exp``, every key
                        block visited and masked; one fixed tile size, no pipelining
 ``triton_desc``        tiles fetched through tensor descriptors (TMA on Hopper): bounds
-                       and padding handled by the copy engine (``fa_lab.triton_fwd``)
+                       and padding handled by the copy engine (``fa_lab.kernels.triton.fwd``)
 ``triton_exp2``        the softmax scale folded into ``exp2``
 ``triton_skip``        loop bounds per query block: fully masked blocks are never
                        loaded, masks are computed only on boundary blocks
@@ -21,10 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .registry import register
-from .triton_fwd import (FIXED_CONFIG, HEAD_DIMS, CPU_CONFIG, Variant, check_supported, head_dim_pad,
-                         prepare_inputs, triton_forward)
-from .world import ON_GPU
+from fa_lab.core.registry import register
+from fa_lab.kernels.triton.fwd import FIXED_CONFIG, HEAD_DIMS, CPU_CONFIG, Variant, check_supported, head_dim_pad, prepare_inputs, triton_forward
+from fa_lab.core.world import ON_GPU
 
 STEP_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -113,7 +112,7 @@ def _variant_fn(variant: Variant):
 
 
 _COMMON = dict(chapter=4, dtypes=STEP_DTYPES, head_dims=HEAD_DIMS, extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,
-               tags=("triton", "chapter-4-step"))
+               tags=("triton",), step_of="triton")
 
 register("triton_minimal", description=STEPS[0][1], **_COMMON)(triton_minimal)
 for _name, _what in STEPS[1:-1]:

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .world import ON_GPU
+from fa_lab.core.world import ON_GPU
 
 LOG2E = 1.4426950408889634   # exp(x) = exp2(x · log2 e): exp2 is the fast instruction
 

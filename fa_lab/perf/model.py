@@ -4,14 +4,14 @@
   softmax that writes ``P``, which ``P V`` reads again.  Three kernels, ``N²`` traffic.
 * ``flash_fwd`` — FlashAttention-2's forward (chapters 3–4): one program per ``BLOCK_M`` query rows
   keeps ``Q_m``, ``m_i``, ``l_i`` and ``acc`` on chip and streams ``BLOCK_N``-key tiles of K and V.
-  Tiles that the mask hides completely are skipped (``fa_lab.masks.block_key_range``).
+  Tiles that the mask hides completely are skipped (``fa_lab.core.masks.block_key_range``).
 * ``flash_bwd`` — FlashAttention-2's backward (chapter 5): one program per ``BLOCK_N`` keys streams
   the query tiles that see them, recomputes ``P`` from ``lse``, accumulates ``dK, dV`` on chip and
   adds into an FP32 ``dQ`` in HBM (atomics); a pre-pass computes ``delta = rowsum(dO ∘ O)``.
 
 Three FLOP counts, labelled everywhere:
 
-* ``flops`` — the book's convention (DESIGN.md, ``fa_lab.flops``): ``2·Nq·Nk·(D + Dv)`` per head
+* ``flops`` — the book's convention (DESIGN.md, ``fa_lab.core.flops``): ``2·Nq·Nk·(D + Dv)`` per head
   (``4·Nq·Nk·D`` when ``Dv = D``), halved for causal when ``Nq = Nk``, ×2.5 for the backward.
   A sliding window does *not* reduce it.  Every TFLOP/s in the book uses this one.
 * ``flops_visible`` — the exact matmul FLOPs of the (query, key) pairs the mask lets through.
@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..flops import attention_flops
-from .devices import DTYPE_BYTES, Device, canonical_dtype
+from fa_lab.core.flops import attention_flops
+from fa_lab.perf.devices import DTYPE_BYTES, Device, canonical_dtype
 
 MASKS = ("full", "causal", "sliding_window")
 ALGORITHMS = ("naive", "flash_fwd", "flash_bwd")
@@ -89,7 +89,7 @@ class Problem:
 
     @property
     def left_right(self) -> tuple[int, int]:
-        """The mask as the (left, right) window of ``fa_lab.masks`` (-1 = unbounded)."""
+        """The mask as the (left, right) window of ``fa_lab.core.masks`` (-1 = unbounded)."""
         return {"full": (-1, -1), "causal": (-1, 0)}.get(self.mask, self.window)
 
     @property
@@ -105,7 +105,7 @@ class Problem:
 # Counting the mask: rows, pairs, tiles
 # ------------------------------------------------------------------------------------------
 def key_ranges(n_q: int, n_k: int, left: int, right: int) -> tuple[np.ndarray, np.ndarray]:
-    """``lo, hi`` per query row: row ``i`` sees keys ``[lo[i], hi[i])`` (``fa_lab.masks.key_range``, vectorised)."""
+    """``lo, hi`` per query row: row ``i`` sees keys ``[lo[i], hi[i])`` (``fa_lab.core.masks.key_range``, vectorised)."""
     diag = np.arange(n_q, dtype=np.int64) + (n_k - n_q)
     lo = np.zeros(n_q, np.int64) if left < 0 else np.maximum(0, diag - left)
     hi = np.full(n_q, n_k, np.int64) if right < 0 else np.minimum(n_k, diag + right + 1)
@@ -151,7 +151,7 @@ def tiles(n_outer: int, n_inner: int, left: int, right: int, block_outer: int, b
 
     Row ``i`` sees inner columns ``key_ranges(n_outer, n_inner, left, right)``; ranges are monotone
     in ``i``, so a block needs the columns from its first row's ``lo`` to its last row's ``hi``
-    (``fa_lab.masks.block_key_range``), in whole tiles aligned to ``block_inner``.
+    (``fa_lab.core.masks.block_key_range``), in whole tiles aligned to ``block_inner``.
     """
     if block_outer < 1 or block_inner < 1:
         raise ValueError(f"block sizes must be >= 1, got {block_outer}, {block_inner}")
@@ -192,7 +192,7 @@ class Counts:
 
     algorithm: str
     problem: Problem
-    flops: float                 # the book's convention (fa_lab.flops)
+    flops: float                 # the book's convention (fa_lab.core.flops)
     flops_visible: float         # exact: pairs the mask lets through
     flops_executed: float        # what the hardware computes (tiles incl. masked/padded entries)
     exps: float
@@ -225,7 +225,7 @@ class Counts:
 
 
 def _convention_flops(p: Problem, mode: str) -> float:
-    """``fa_lab.flops.attention_flops`` with Dv allowed to differ: 2·Nq·Nk·(D + Dv) per head."""
+    """``fa_lab.core.flops.attention_flops`` with Dv allowed to differ: 2·Nq·Nk·(D + Dv) per head."""
     f = attention_flops(p.batch, p.heads, p.n_q, p.n_k, p.head_dim, causal=p.mask == "causal", mode=mode)
     return f * (p.head_dim + p.head_dim_v) / (2 * p.head_dim)
 

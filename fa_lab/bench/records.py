@@ -2,7 +2,7 @@
 
 A recording is one JSON file in ``fa_lab/data/``: ``{"meta": {...}, "records": [...]}``
 where ``meta`` holds the device, driver, versions, date and the command that made it,
-and ``records`` are the dicts ``fa_lab.timing.benchmark`` returns.
+and ``records`` are the dicts ``fa_lab.bench.timer.benchmark`` returns.
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
-DATA_DIR = Path(__file__).parent / "data"
+from fa_lab.core.data import DATA_DIR
+
 
 
 def _driver() -> str | None:
@@ -25,7 +26,7 @@ def _driver() -> str | None:
 
 def save(name: str, records, *, command: str, directory: Path | None = None, **extra) -> Path:
     """Write ``records`` with the facts of this machine to ``<directory>/<name>.json``."""
-    from .world import describe
+    from fa_lab.core.world import describe
 
     meta = describe()
     meta.update(driver=_driver(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

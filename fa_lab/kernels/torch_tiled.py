@@ -12,7 +12,7 @@ The backward pass keeps only ``Q, K, V, O`` and the log-sum-exp ``lse`` of each 
     dK = scale · dSᵀ Q
 
 ``Recompute`` is the ``torch.autograd.Function`` that every chapter-5 engine plugs into:
-this module's tiles in PyTorch, and the Triton kernels of ``fa_lab.triton_bwd``.
+this module's tiles in PyTorch, and the Triton kernels of ``fa_lab.kernels.triton.bwd``.
 
 Also here: ``dense_backward``, the same formulas on whole (Nq, Nk) matrices, and its
 ``torch.compile``d version — the intermediate step a course assignment takes before
@@ -24,9 +24,9 @@ import os
 
 import torch
 
-from .masks import block_key_range, key_range, tile_visible, visible
-from .registry import register
-from .world import ON_GPU, pick
+from fa_lab.core.masks import block_key_range, key_range, tile_visible, visible
+from fa_lab.core.registry import register
+from fa_lab.core.world import ON_GPU, pick
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:

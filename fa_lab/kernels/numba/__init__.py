@@ -1,0 +1,1 @@
+"""fa_lab/kernels/numba"""
