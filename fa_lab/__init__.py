@@ -4,16 +4,21 @@ Import order matters: ``world`` sets the simulator/interpreter variables before
 anything imports numba or triton.
 """
 from fa_lab.core.world import DEVICE, ON_GPU, WORLD, banner, describe, pick  # noqa: I001  (must come first)
-from fa_lab.api import attention
+from fa_lab.api import attention, flash_attention
 from fa_lab.core.flops import attention_flops
 from fa_lab.core.masks import visible
 from fa_lab.core.registry import get as get_implementation, implementations, register
 from fa_lab.core.spec import AttentionSpec, make_spec
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
 
-#: chapter 5's differentiable entry points, imported on first use (they load Triton)
-_LAZY = {"FlashAttentionPyTorch", "FlashAttentionTriton", "flash_attention"}
+try:  # one version number, pyproject.toml's
+    __version__ = version("fa_lab")
+except PackageNotFoundError:  # imported from a clone that was never installed
+    __version__ = "0+unknown"
+
+#: chapter 5's course-interface autograd Functions, imported on first use (they load Triton)
+_LAZY = {"FlashAttentionPyTorch", "FlashAttentionTriton"}
 
 
 def __getattr__(name):

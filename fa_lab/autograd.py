@@ -1,27 +1,54 @@
-"""Chapter 5's public entry points: attention you can call ``.backward()`` through.
+"""Chapter 5's autograd layer: attention you can call ``.backward()`` through.
 
+* ``Recompute``: the one ``torch.autograd.Function`` every engine of the chapter plugs into
+  (a forward that returns ``(o, lse)`` and a backward that recomputes P from them).  Its
+  backward is not itself differentiable: second derivatives raise instead of coming out wrong.
 * ``FlashAttentionPyTorch`` and ``FlashAttentionTriton``: ``torch.autograd.Function``s in
   the shape course assignments expect — ``Fn.apply(Q, K, V, is_causal)`` with Q/K/V
   ``(batch, seq, d)`` or ``(batch, heads, seq, d)``, returning O.  The forward saves
   Q, K, V, O and exactly one more tensor, shaped like Q without its last dim: the lse.
-* ``flash_attention(q, k, v, *, causal, window, scale)``: the full contract of DESIGN.md
-  (bottom-right causal, sliding windows, GQA, any scale), differentiable, Triton on a GPU
-  and the Triton interpreter on the CPU.
 
-Registered here (the forward is chapter 4's Triton kernel): ``flash_triton`` (Triton
-backward kernels) and ``torch_compile_bwd`` (the backward as whole-matrix PyTorch through
-``torch.compile``: the intermediate step).
+Registered here: ``torch_tiled`` (the PyTorch tiles of ``fa_lab.kernels.torch_tiled``),
+``flash_triton`` (chapter 4's Triton forward, Triton backward kernels) and ``torch_compile_bwd``
+(the backward as whole-matrix PyTorch through ``torch.compile``: the intermediate step).
+The public, checked entry point is ``fa_lab.flash_attention`` (``fa_lab.api``).
 """
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from fa_lab.core import registry
-from fa_lab.core.spec import make_spec
-from fa_lab.kernels.torch_tiled import Recompute, compiled_backward, tiled_backward, tiled_forward
-from fa_lab.kernels.triton.bwd import triton_backward
-from fa_lab.kernels.triton.fwd import HEAD_DIMS, SUPPORTED_DTYPES, check_supported, triton_forward
-from fa_lab.core.world import WORLD
+from fa_lab.core.world import pick
+from fa_lab.kernels.torch_tiled import compiled_backward, tiled_backward, tiled_forward
+from fa_lab.kernels.triton import HEAD_DIMS, SUPPORTED_DTYPES, triton_backward, triton_forward, triton_limits
+
+
+class Recompute(torch.autograd.Function):
+    """Attention whose backward recomputes P: saves exactly ``q, k, v, o, lse``.
+
+    ``Recompute.apply(q, k, v, spec, forward, backward)`` with ``forward(q, k, v, spec) -> (o, lse)``
+    and ``backward(q, k, v, o, lse, do, spec, dlse) -> (dq, dk, dv)``: one Function for every
+    engine of the chapter (PyTorch tiles, torch.compile, Triton kernels).  Returns ``(o, lse)``;
+    both are differentiable, once.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec, forward, backward):
+        o, lse = forward(q, k, v, spec)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.spec, ctx.engine_backward = spec, backward
+        ctx.set_materialize_grads(False)   # a None gradient is skipped, not a tensor of zeros
+        return o, lse
+
+    @staticmethod
+    @once_differentiable   # the engines' backward is not differentiable: a second derivative must raise
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros_like(o)
+        dq, dk, dv = ctx.engine_backward(q, k, v, o, lse, do.contiguous(), ctx.spec, dlse)
+        return dq, dk, dv, None, None, None
 
 
 def _as_4d(Q, K, V):
@@ -35,19 +62,9 @@ def _as_4d(Q, K, V):
     return (Q, K, V) if Q.dim() == 4 else (Q.unsqueeze(1), K.unsqueeze(1), V.unsqueeze(1))
 
 
-def _checked_spec(impl: str, q, k, v, **mask):
-    spec = make_spec(q, k, v, **mask)
-    why = registry.get(impl).unsupported(spec, WORLD)
-    if why:
-        raise ValueError(why)
-    if impl != "torch_tiled":
-        check_supported(spec, q.dtype)   # the Triton forward's own limits (e.g. D a multiple of 8)
-    return spec
-
-
 def _course_forward(ctx, Q, K, V, is_causal, impl, forward):
     q, k, v = _as_4d(Q, K, V)
-    spec = _checked_spec(impl, q, k, v, causal=bool(is_causal))
+    _, spec = registry.checked_spec(impl, q, k, v, causal=is_causal)
     o, lse = forward(q, k, v, spec)
     if Q.dim() == 3:
         o, lse = o.squeeze(1), lse.squeeze(1)
@@ -73,6 +90,7 @@ class FlashAttentionPyTorch(torch.autograd.Function):
         return _course_forward(ctx, Q, K, V, is_causal, "torch_tiled", tiled_forward)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dO):
         return _course_backward(ctx, dO, tiled_backward)
 
@@ -86,19 +104,13 @@ class FlashAttentionTriton(torch.autograd.Function):
         return _course_forward(ctx, Q, K, V, is_causal, "flash_triton", triton_forward)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dO):
         return _course_backward(ctx, dO, triton_backward)
 
 
-def flash_attention(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None, return_lse: bool = False):
-    """Differentiable FlashAttention-2: Triton forward and backward, deterministic gradients.
-
-    q ``(B, H, Nq, D)``; k, v ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0``; fp16, bf16 or fp32.
-    Returns o (and with ``return_lse=True`` the float32 lse, also differentiable).
-    """
-    spec = _checked_spec("flash_triton", q, k, v, causal=causal, window=window, scale=scale)
-    o, lse = flash_triton(q, k, v, spec)
-    return (o, lse) if return_lse else o
+def torch_tiled(q, k, v, spec):
+    return Recompute.apply(q, k, v, spec, tiled_forward, tiled_backward)
 
 
 def flash_triton(q, k, v, spec):
@@ -127,10 +139,19 @@ def saved_for_backward(fn, *args, **kwargs) -> list[tuple[tuple, torch.dtype, in
 
 
 registry.register(
+    "torch_tiled", chapter=5,
+    description="FlashAttention-2 forward and backward in tiles, plain PyTorch ops (autograd.Function, recomputes P)",
+    dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+    backward=True, any_device=True,
+    # one (block_m, block_n) tile of S and P, in the work dtype, per (batch, head)
+    extra_memory=lambda s: 2 * 4 * s.batch * s.heads * min(s.n_q, pick(16, 128)) * min(s.n_k, pick(16, 128)),
+)(torch_tiled)
+
+registry.register(
     "flash_triton", chapter=5,
     description="FlashAttention-2 forward (chapter 4's Triton kernel) and backward: Triton kernels for D, "
                 "dK/dV (K/V-stationary) and dQ (Q-stationary), no atomics: deterministic",
-    dtypes=SUPPORTED_DTYPES, head_dims=HEAD_DIMS, backward=True,
+    dtypes=SUPPORTED_DTYPES, head_dims=HEAD_DIMS, backward=True, backend="triton", limits=triton_limits,
     extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,   # lse (the backward adds D: as much again)
     tags=("triton", "tensor-cores"),
 )(flash_triton)
@@ -139,7 +160,7 @@ registry.register(
     "torch_compile_bwd", chapter=5,
     description="chapter 4's Triton forward; backward on whole (Nq, Nk) matrices in PyTorch through "
                 "torch.compile (on the CPU: eager unless FA_LAB_COMPILE=1) — the intermediate step",
-    dtypes=SUPPORTED_DTYPES, head_dims=HEAD_DIMS, backward=True,
+    dtypes=SUPPORTED_DTYPES, head_dims=HEAD_DIMS, backward=True, backend="triton", limits=triton_limits,
     # the backward's S/P, dP and dS in float32
     extra_memory=lambda s: 3 * 4 * s.batch * s.heads * s.n_q * s.n_k,
     step_of="flash_triton",

@@ -8,8 +8,7 @@ import argparse
 import sys
 
 import fa_lab  # noqa: F401  (first: picks the world)
-from fa_lab.bench import records as recorded
-from fa_lab.bench.timer import sweep, to_frame
+from fa_lab.bench import records, sweep, to_frame
 
 CONFIG = dict(batch=1, heads=16, head_dim=64, dtype="fp32", causal=False, rep=10, warmup=2)
 SEQ_LENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -21,11 +20,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not fa_lab.ON_GPU:
         sys.exit("bench_ch1_2 records GPU numbers: run it on a machine with a CUDA GPU")
-    records = sweep(["naive_torch", "numba_naive"], SEQ_LENS, **CONFIG)
-    records += sweep(["naive_numpy", "online_numba"], SEQ_LENS[:4], **CONFIG)
-    path = recorded.save("gpu_ch1_2", records, command="python scripts/bench_ch1_2.py", directory=args.out,
+    measured = sweep(["naive_torch", "numba_naive"], SEQ_LENS, **CONFIG)
+    measured += sweep(["naive_numpy", "online_numba"], SEQ_LENS[:4], **CONFIG)
+    path = records.save("gpu_ch1_2", measured, command="python scripts/bench_ch1_2.py", directory=args.out,
                          config=CONFIG)
-    print(to_frame(records)[["impl", "n_q", "ms", "tflops", "peak_extra_bytes", "status"]].to_string())
+    print(to_frame(measured)[["impl", "n_q", "ms", "tflops", "peak_extra_bytes", "status"]].to_string())
     print("wrote", path)
 
 

@@ -7,7 +7,7 @@
 The table: ``numba_tiled`` and each chapter-3 step, against ``numba_naive``, ``naive_torch``
 (fp32) and PyTorch SDPA's math backend (fp32), at (B, H, N, D) = (4, 16, 4096, 64),
 (4, 16, 4096, 128) and (1, 16, 16384, 128), causal and not; then peak extra memory at
-N = 8192.  Every number comes from ``fa_lab.bench.timer.benchmark``.  Slow entries run last
+N = 8192.  Every number comes from ``fa_lab.bench.benchmark``.  Slow entries run last
 and stop at ``--budget-s``: what did not fit is recorded as ``skipped (time cap)``.
 
 Writes ``gpu_ch3.json`` (``fa_lab.bench.records`` format) into DIR (default ``fa_lab/data``).
@@ -28,13 +28,13 @@ from fa_lab.core import registry
 
 # Only the modules this benchmark needs: a chapter in progress elsewhere cannot break it.
 registry.IMPLEMENTATION_MODULES[:] = [m for m in registry.IMPLEMENTATION_MODULES
-                                      if m in ("fa_lab.reference_impl", "fa_lab.kernels.naive", "fa_lab.kernels.online",
+                                      if m in ("fa_lab.core.reference", "fa_lab.kernels.naive", "fa_lab.kernels.online",
                                                "fa_lab.kernels.numba.naive", "fa_lab.kernels.numba.tiled", "fa_lab.kernels.numba.steps")]
 
 import torch  # noqa: E402
 
 from fa_lab.kernels.numba import tiled as nt  # noqa: E402
-from fa_lab.bench.timer import benchmark, to_frame  # noqa: E402
+from fa_lab.bench import benchmark, time_fn, to_frame  # noqa: E402
 
 SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
 OURS = ["numba_tiled", "numba_regtile", "numba_smem", "numba_rowwise"]
@@ -120,7 +120,6 @@ TUNE_CONFIGS = {   # the first of each is the default (numba_tiled.config_for)
 def tune() -> list[dict]:
     """Time candidate tile shapes of the final kernel (what the defaults in numba_tiled came from)."""
     from fa_lab.core.testing import random_qkv
-    from fa_lab.bench.timer import time_fn
 
     out = []
     for D, cfgs in TUNE_CONFIGS.items():

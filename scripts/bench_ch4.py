@@ -19,17 +19,17 @@ import time
 
 import fa_lab  # noqa: F401  (first: picks the world)
 import torch
-from torch.nn.attention import SDPBackend
 
 from fa_lab.bench import records as recorded
-from fa_lab.kernels.triton import fwd as triton_fwd
-from fa_lab.bench.calls import ours, sdpa
+from fa_lab.bench.peers import raw_call
+from fa_lab.bench.timer import time_fn, time_interleaved
 from fa_lab.core.flops import attention_flops
 from fa_lab.core.testing import random_qkv
-from fa_lab.bench.timer import time_fn, time_interleaved
-from fa_lab.kernels.triton.steps import STEPS
+from fa_lab.kernels.triton import (CACHE, CONFIG_KEYS, FINAL, TUNING_LOG, choose_config, make_launcher,
+                                   triton_forward)
+from fa_lab.kernels.triton.steps import STEPS, VARIANTS
 
-# (batch, heads, seq, head_dim, causal): the table, then the small-shape latency row
+# (batch, heads, seq, head_dim, causal): the chapter's rows, then the small-shape latency row
 ROWS = [
     (4, 16, 4096, 128, False),
     (1, 16, 16384, 128, False),
@@ -38,7 +38,8 @@ ROWS = [
     (1, 8, 512, 64, False),
 ]
 STEP_ROWS = [(4, 16, 4096, 128, False), (4, 16, 4096, 128, True)]
-PEERS = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+#: record name -> peer name (fa_lab.bench.peers)
+PEERS = {"sdpa_flash": "sdpa-flash", "sdpa_cudnn": "sdpa-cudnn"}
 
 
 def header(section, impl, row, dtype, **fields):
@@ -72,8 +73,8 @@ def measure_peers(row, dtype, rounds=12):
 
     B, H, N, D, causal = row
     q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
-    calls = {name: sdpa(backend) for name, backend in PEERS.items()}
-    calls["triton"] = ours("triton")
+    calls = {name: raw_call(peer) for name, peer in PEERS.items()}
+    calls["triton"] = raw_call("triton")
     flops = attention_flops(B, H, N, N, D, causal=causal)
     recs, fns, outs = {}, {}, {}
     for name, fn in calls.items():  # sdpa_flash first: its output is the reference for ours
@@ -104,11 +105,11 @@ def tune_row(row, dtype, variant, candidates=None):
     B, H, N, D, causal = row
     q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=0)
     spec = fa_lab.make_spec(q, k, v, causal=causal)
-    start = len(triton_fwd.TUNING_LOG)
+    start = len(TUNING_LOG)
     t0 = time.perf_counter()
-    triton_fwd.triton_forward(q, k, v, spec, variant=variant, retune=True, candidates=candidates)
+    triton_forward(q, k, v, spec, variant=variant, retune=True, candidates=candidates)
     torch.cuda.synchronize()
-    log = triton_fwd.TUNING_LOG[start:]
+    log = TUNING_LOG[start:]
     print(f"tuned {log[0]['key'] if log else '?'}: {len(log)} configs in {time.perf_counter() - t0:.1f}s", flush=True)
     flops = attention_flops(B, H, N, N, D, causal=causal)
     return [dict(section="tuning", variant=variant.name, batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype,
@@ -119,7 +120,7 @@ def tune_row(row, dtype, variant, candidates=None):
 def top_configs(log, n):
     out = []
     for e in sorted((e for e in log if e.get("ms")), key=lambda e: e["ms"]):
-        cfg = {k: e[k] for k in triton_fwd.CONFIG_KEYS if k in e}
+        cfg = {k: e[k] for k in CONFIG_KEYS if k in e}
         if cfg not in out:
             out.append(cfg)
     return out[:n]
@@ -130,20 +131,21 @@ def kernel_facts(row=(4, 16, 4096, 128, False), dtype="float16"):
     import re
     from collections import Counter
 
-    from fa_lab.kernels.triton.steps import VARIANTS
+    def shapes(pattern, ptx):  # instruction shape -> how many
+        return dict(Counter(m.group(1) for m in re.finditer(pattern, ptx)))
 
     B, H, N, D, causal = row
     q, k, v = random_qkv(B, H, N, N, D, dtype=getattr(torch, dtype), device="cuda", seed=1)
     spec = fa_lab.make_spec(q, k, v, causal=causal)
     out = []
-    for variant in (VARIANTS["triton_desc"], triton_fwd.FINAL):
-        launch, o, lse, work = triton_fwd.make_launcher(q, k, v, spec, variant=variant)
-        cfg = triton_fwd.choose_config(launch, spec, work, variant)
+    for variant in (VARIANTS["triton_desc"], FINAL):
+        launch, o, lse, work = make_launcher(q, k, v, spec, variant=variant)
+        cfg = choose_config(launch, spec, work, variant)
         kern = launch(cfg, warmup=True)
         ptx = kern.asm["ptx"]
         rec = header("kernel", variant.name, row, dtype, config=dict(cfg), shared_bytes=kern.metadata.shared,
-                     wgmma=dict(Counter(m.group(1) for m in re.finditer(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
-                     mma_sync=dict(Counter(m.group(1) for m in re.finditer(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)", ptx))),
+                     wgmma=shapes(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx),
+                     mma_sync=shapes(r"\bmma\.sync\.aligned\.(m\d+n\d+k\d+)", ptx),
                      tma_loads=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.shared", ptx)),
                      tma_stores=len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global", ptx)),
                      ex2=len(re.findall(r"\bex2\.approx", ptx)))
@@ -168,12 +170,13 @@ def host_overhead(row=(1, 8, 512, 64, False), calls=400):
     B, H, N, D, causal = row
     q, k, v = random_qkv(B, H, N, N, D, dtype=torch.float16, device="cuda", seed=1)
     spec = fa_lab.make_spec(q, k, v, causal=causal)
-    launch, o, lse, work = triton_fwd.make_launcher(q, k, v, spec)
-    cfg = triton_fwd.choose_config(launch, spec, work, triton_fwd.FINAL)
+    launch, o, lse, work = make_launcher(q, k, v, spec)
+    cfg = choose_config(launch, spec, work, FINAL)
+    sdpa_flash = raw_call("sdpa-flash")
     layers = {
-        "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION)(q, k, v, causal),
+        "sdpa_flash": lambda: sdpa_flash(q, k, v, causal),
         "fa_lab.attention(impl='triton')": lambda: fa_lab.attention(q, k, v, impl="triton", causal=causal),
-        "triton_forward(q, k, v, spec)": lambda: triton_fwd.triton_forward(q, k, v, spec),
+        "triton_forward(q, k, v, spec)": lambda: triton_forward(q, k, v, spec),
         "launch(cfg): descriptors + kernel launch": lambda: launch(cfg),
         "make_spec alone": lambda: fa_lab.make_spec(q, k, v, causal=causal),
     }
@@ -220,12 +223,11 @@ def main(argv=None):
 
     if args.tune:
         for row in rows:
-            log16 = tune_row(row, "float16", triton_fwd.FINAL)
+            log16 = tune_row(row, "float16", FINAL)
             records += log16
-            records += tune_row(row, "bfloat16", triton_fwd.FINAL, candidates=top_configs(log16, 4))
+            records += tune_row(row, "bfloat16", FINAL, candidates=top_configs(log16, 4))
             flush()
         if not args.no_steps:
-            from fa_lab.kernels.triton.steps import VARIANTS
             for row in STEP_ROWS:
                 records += tune_row(row, "float16", VARIANTS["triton_autotuned"])
             flush()
@@ -249,7 +251,7 @@ def main(argv=None):
             B, H, N, D, causal = row
             q, k, v = random_qkv(B, H, N, N, D, dtype=torch.float16, device="cuda", seed=1)
             for name, _ in STEPS:
-                rec = measure(ours(name), q, k, v, causal, row, "float16", name, "steps")
+                rec = measure(raw_call(name), q, k, v, causal, row, "float16", name, "steps")
                 records.append(rec)
                 print(f"step {name} {row}: {rec.get('tflops') or rec['status']}", flush=True)
             del q, k, v
@@ -258,10 +260,8 @@ def main(argv=None):
     flush()
     if args.configs_out:
         device = torch.cuda.get_device_name()
-        shipped = json.loads(triton_fwd.ConfigCache.SHIPPED.read_text()) if triton_fwd.ConfigCache.SHIPPED.exists() \
-            else {"configs": {}}
-        shipped.setdefault("configs", {}).setdefault(device, {}).update(
-            triton_fwd.CACHE.user_entries().get(device, {}))
+        shipped = {"configs": {dev: dict(table) for dev, table in CACHE.shipped_entries().items()}}
+        shipped["configs"].setdefault(device, {}).update(CACHE.user_entries().get(device, {}))
         shipped["note"] = ("winning launch configs per device and key (dtype|D_PAD|Nq bucket|Nk bucket|mask|space), "
                            "written by scripts/bench_ch4.py --tune --configs-out")
         with open(args.configs_out, "w") as f:

@@ -24,43 +24,31 @@ if "--fwd-tune" not in sys.argv:
 
 import fa_lab  # noqa: E402  (first: picks the world)
 import torch  # noqa: E402
-from torch.nn.attention import SDPBackend  # noqa: E402
 
-from fa_lab.bench import records as recorded  # noqa: E402
-from fa_lab.kernels.triton import bwd as triton_bwd
-from fa_lab.kernels.triton import fwd as triton_fwd
 from fa_lab.autograd import saved_for_backward  # noqa: E402
-from fa_lab.bench.calls import ours, sdpa  # noqa: E402
+from fa_lab.bench import records as recorded  # noqa: E402
+from fa_lab.bench.peers import raw_call  # noqa: E402
+from fa_lab.bench.timer import time_fn  # noqa: E402
 from fa_lab.core.flops import attention_flops  # noqa: E402
 from fa_lab.core.testing import random_qkv  # noqa: E402
-from fa_lab.bench.timer import time_fn  # noqa: E402
+from fa_lab.kernels.triton import bwd, triton_forward, tuner  # noqa: E402
 
-# (batch, heads, seq, head_dim, causal): the issue's table
+# (batch, heads, seq, head_dim, causal): the chapter's rows
 ROWS = [
     (4, 16, 4096, 128, False),
     (4, 16, 4096, 128, True),
     (1, 16, 16384, 128, True),
     (4, 32, 4096, 64, True),
 ]
-#: the issue's reference numbers (fwd+bwd TFLOP/s on an H100): (row index, dtype) -> (flash, cudnn, tutorial 06)
-ISSUE_TABLE = {
+#: reference numbers measured on another H100 (fwd+bwd TFLOP/s): (row index, dtype) -> (flash, cudnn, tutorial 06)
+REFERENCE_TABLE = {
     (0, "float16"): (307, 516, None),
     (1, "bfloat16"): (265, 473, None), (1, "float16"): (None, None, 144),
     (2, "bfloat16"): (318, 539, None), (2, "float16"): (None, None, 158),
     (3, "bfloat16"): (241, 392, None), (3, "float16"): (None, None, 327),
 }
-SDPA = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
-#: tile candidates per padded head dim: (BLOCK_M, BLOCK_N, warps, stages), spill-free for sm_90 (Triton 3.6)
-TUNE_CANDIDATES = {
-    64: {"dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3), (64, 64, 4, 2),
-                  (16, 128, 4, 3), (32, 64, 4, 3)],
-         "dq": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
-                (64, 64, 8, 3), (128, 32, 4, 3)]},
-    128: {"dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2),
-                   (64, 64, 8, 3)],
-          "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 8, 2),
-                 (64, 64, 4, 2), (64, 32, 4, 3)]},
-}
+#: record name -> peer name (fa_lab.bench.peers)
+SDPA = {"sdpa_flash": "sdpa-flash", "sdpa_cudnn": "sdpa-cudnn"}
 FWD_CANDIDATES = [dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, ws=False),
                   dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, ws=False),
                   dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, ws=False),
@@ -107,77 +95,47 @@ def measure(fn, q, k, v, do, row, dtype, impl, section, modes=("fwd", "bwd", "fw
 
 
 def sdpa_flash_forward(q, k, v, spec):
-    """O and lse from PyTorch's FlashAttention-2 forward: the backward is tuned on an independent forward."""
+    """O and lse from PyTorch's FlashAttention-2 forward: the backward is tuned on an independent forward
+    (the float64 reference in the CPU world, where that kernel does not exist: --smoke)."""
+    if not fa_lab.ON_GPU:
+        from fa_lab.core.reference import reference_attention
+
+        o, lse = reference_attention(q.detach(), k.detach(), v.detach(), spec)
+        return o.to(q.dtype), lse.float()
     with torch.no_grad():
         out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, spec.causal, False, scale=spec.scale)
     return out[0], out[1]
 
 
 def tune_row(row, dtype="float16"):
-    """Time the dK/dV and dQ kernels alone for every candidate; returns records (best first per kernel)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import triton.testing
-
+    """Time the dK/dV and dQ kernels alone for every candidate (fa_lab.kernels.triton.tuner.tune_backward)."""
     B, H, N, D, causal = row
     q, k, v, do = inputs(row, dtype)
     spec = fa_lab.make_spec(q, k, v, causal=causal)
     o, lse = sdpa_flash_forward(q, k, v, spec)
-    pre, dkdv, dq, _ = triton_bwd.make_launcher(q.detach(), k.detach(), v.detach(), o, lse, do, spec)
-    pre()
-    cands = TUNE_CANDIDATES[triton_bwd.block_d(D)]
-    jobs = [(dkdv, "dkdv", c) for c in cands["dkdv"]] + [(dq, "dq", c) for c in cands["dq"]]
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:   # ptxas runs in parallel
-        list(pool.map(lambda j: _try(lambda: j[0](j[2], warmup=True)), jobs))
-    compile_s = time.perf_counter() - t0
+    timed = tuner.tune_backward(q, k, v, o, lse, do, spec)
     # each kernel does part of the backward: TFLOP/s against the whole backward's FLOPs, for scale
     flops = attention_flops(B, H, N, N, D, causal=causal, mode="bwd")
     recs = []
-    for launch, kernel, cfg in jobs:
-        rec = base_record("tune", f"bwd_{kernel}", row, dtype) | dict(kernel=kernel, config=list(cfg))
-        try:
-            launch(cfg)
-            rec["ms"] = triton.testing.do_bench(lambda: launch(cfg), warmup=10, rep=50)
-            rec["tflops_of_bwd"] = flops / (rec["ms"] * 1e-3) / 1e12
-            rec["status"] = "ok"
-        except Exception as exc:
-            rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
+    for t in timed:
+        rec = base_record("tune", f"bwd_{t['kernel']}", row, dtype) | t
+        if t.get("ms"):
+            rec["tflops_of_bwd"] = flops / (t["ms"] * 1e-3) / 1e12
         recs.append(rec)
-    print(f"tuned {row} {dtype}: {len(jobs)} configs, compile {compile_s:.0f}s", flush=True)
+    print(f"tuned {row} {dtype}: {len(timed)} configs in {time.perf_counter() - t0:.0f}s", flush=True)
     for kernel in ("dkdv", "dq"):
         ok = sorted((r for r in recs if r["kernel"] == kernel and r["status"] == "ok"), key=lambda r: r["ms"])
         print(f"  {kernel}: " + "  ".join(f"{tuple(r['config'])} {r['ms']:.3f}ms" for r in ok[:4]), flush=True)
     return recs
 
 
-def _try(fn):
-    try:
-        fn()
-    except Exception:  # reported when timed
-        pass
-
-
 def apply_tuned(records):
-    """Put each (head dim, kernel)'s fastest config (summed over the tuned rows) into GPU_CONFIGS."""
-    import collections
-
-    totals = collections.defaultdict(float)
-    counts = collections.Counter()
-    for r in records:
-        if r.get("section") == "tune" and r["status"] == "ok":
-            key = (r["head_dim"], r["kernel"], tuple(r["config"]))
-            totals[key] += r["ms"]
-            counts[key] += 1
-    for D in {k[0] for k in totals}:
-        best = {}
-        for kernel in ("dkdv", "dq"):
-            cands = [(t, k[2]) for k, t in totals.items() if k[0] == D and k[1] == kernel
-                     and counts[k] == max(c for kk, c in counts.items() if kk[0] == D and kk[1] == kernel)]
-            best[kernel] = min(cands)[1]
-        for itemsize in (2,):
-            triton_bwd.GPU_CONFIGS[(triton_bwd.block_d(D), itemsize)] = (best["dkdv"], best["dq"])
-        print(f"applied D={D}: dkdv {best['dkdv']} dq {best['dq']}", flush=True)
+    """Put each head dim's fastest tiles (summed over the tuned rows) into the backward's GPU_CONFIGS."""
+    tune_records = [r for r in records if r.get("section") == "tune"]
+    for D, (dkdv, dq) in tuner.best_backward_tiles(tune_records).items():
+        bwd.GPU_CONFIGS[(bwd.block_d(D), 2)] = (dkdv, dq)
+        print(f"applied D={D}: dkdv {dkdv} dq {dq}", flush=True)
 
 
 def fwd_tune(row, dtype):
@@ -185,20 +143,20 @@ def fwd_tune(row, dtype):
     q, k, v, _ = inputs(row, dtype)
     spec = fa_lab.make_spec(q, k, v, causal=causal)
     with torch.no_grad():
-        triton_fwd.triton_forward(q, k, v, spec, retune=True, candidates=FWD_CANDIDATES)
+        triton_forward(q, k, v, spec, retune=True, candidates=FWD_CANDIDATES)
 
 
 def peers_row(i, row, dtype):
     q, k, v, do = inputs(row, dtype)
     recs = []
-    for name, backend in SDPA.items():
-        recs += measure(sdpa(backend), q, k, v, do, row, dtype, name, "peers")
-    recs += measure(ours("flash_triton"), q, k, v, do, row, dtype, "flash_triton", "peers")
+    for name, peer in SDPA.items():
+        recs += measure(raw_call(peer), q, k, v, do, row, dtype, name, "peers")
+    recs += measure(raw_call("flash_triton"), q, k, v, do, row, dtype, "flash_triton", "peers")
     # agreement with SDPA flash's gradients, and bit-identical gradients run to run
     try:
-        ref = torch.autograd.grad(sdpa(SDPA["sdpa_flash"])(q, k, v, row[4]), (q, k, v), do)
-        g1 = torch.autograd.grad(ours("flash_triton")(q, k, v, row[4]), (q, k, v), do)
-        g2 = torch.autograd.grad(ours("flash_triton")(q, k, v, row[4]), (q, k, v), do)
+        ref = torch.autograd.grad(raw_call("sdpa-flash")(q, k, v, row[4]), (q, k, v), do)
+        g1 = torch.autograd.grad(raw_call("flash_triton")(q, k, v, row[4]), (q, k, v), do)
+        g2 = torch.autograd.grad(raw_call("flash_triton")(q, k, v, row[4]), (q, k, v), do)
         check = dict(max_abs_diff_vs_sdpa_flash={n: float((a.float() - b.float()).abs().max())
                                                  for n, a, b in zip(("dq", "dk", "dv"), g1, ref)},
                      ref_max_abs={n: float(b.float().abs().max()) for n, b in zip(("dq", "dk", "dv"), ref)},
@@ -208,14 +166,14 @@ def peers_row(i, row, dtype):
     for r in recs:
         if r["impl"] == "flash_triton":
             r.update(check)
-        ref_nums = ISSUE_TABLE.get((i, dtype))
+        ref_nums = REFERENCE_TABLE.get((i, dtype))
         if ref_nums:
-            r["issue_reference"] = dict(zip(("sdpa_flash", "sdpa_cudnn", "tutorial06"), ref_nums))
-    cfgs = triton_bwd.configs(fa_lab.make_spec(q, k, v, causal=row[4]))
+            r["reference"] = dict(zip(("sdpa_flash", "sdpa_cudnn", "tutorial06"), ref_nums))
+    cfgs = bwd.configs(fa_lab.make_spec(q, k, v, causal=row[4]))
     for r in recs:
         if r["impl"] == "flash_triton":
             r["bwd_configs"] = [list(c) for c in cfgs]
-            resolved = [c for key, c in triton_fwd._RESOLVED.items() if key[1] == q.dtype and key[2] == row[3]]
+            resolved = [c for key, c in tuner.resolved_configs() if key.dtype == q.dtype and key.head_dim == row[3]]
             r["fwd_config"] = resolved[-1] if resolved else None
     del q, k, v, do
     torch.cuda.empty_cache()
@@ -229,21 +187,21 @@ def steps(dtype="float16"):
     """The chapter's path: PyTorch tiles, torch.compile backward, Triton backward (and SDPA's math backend)."""
     row = STEPS_ROW
     q, k, v, do = inputs(row, dtype)
-    ref = torch.autograd.grad(sdpa(SDPA["sdpa_flash"])(q, k, v, row[4]), (q, k, v), do)
+    ref = torch.autograd.grad(raw_call("sdpa-flash")(q, k, v, row[4]), (q, k, v), do)
     recs = []
     for name in ("torch_tiled", "torch_compile_bwd", "flash_triton"):
         t0 = time.perf_counter()
-        recs += measure(ours(name), q, k, v, do, row, dtype, name, "steps", modes=("fwd+bwd",))
+        recs += measure(raw_call(name), q, k, v, do, row, dtype, name, "steps", modes=("fwd+bwd",))
         recs[-1]["first_call_s"] = time.perf_counter() - t0   # includes torch.compile's compile
         try:
-            got = torch.autograd.grad(ours(name)(q, k, v, row[4]), (q, k, v), do)
+            got = torch.autograd.grad(raw_call(name)(q, k, v, row[4]), (q, k, v), do)
             recs[-1]["max_abs_diff_vs_sdpa_flash"] = {n: float((a.float() - b.float()).abs().max())
                                                       for n, a, b in zip(("dq", "dk", "dv"), got, ref)}
         except Exception as exc:
             recs[-1]["check_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         print(f"step {name}: {recs[-1].get('tflops') or recs[-1]['status']} "
               f"{recs[-1].get('max_abs_diff_vs_sdpa_flash')}", flush=True)
-    recs += measure(sdpa(SDPBackend.MATH), q, k, v, do, row, dtype, "sdpa_math", "steps", modes=("fwd+bwd",))
+    recs += measure(raw_call("sdpa-math"), q, k, v, do, row, dtype, "sdpa_math", "steps", modes=("fwd+bwd",))
     return recs
 
 
@@ -252,8 +210,8 @@ def memory(ns=(1024, 4096, 16384), dtype="float16"):
     recs = []
     for n in ns:
         row = (1, 16, n, 64, False)
-        fns = {"flash_triton": ours("flash_triton"), "sdpa_flash": sdpa(SDPA["sdpa_flash"]),
-               "torch_compile_bwd": ours("torch_compile_bwd"), "sdpa_math": sdpa(SDPBackend.MATH)}
+        fns = {"flash_triton": raw_call("flash_triton"), "sdpa_flash": raw_call("sdpa-flash"),
+               "torch_compile_bwd": raw_call("torch_compile_bwd"), "sdpa_math": raw_call("sdpa-math")}
         for name, fn in fns.items():
             rec = base_record("memory", name, row, dtype) | dict(mode="fwd+bwd")
             try:
@@ -283,7 +241,7 @@ def memory(ns=(1024, 4096, 16384), dtype="float16"):
 
 
 def summarize(records):
-    """One 'summary' record per (dtype, row): fwd+bwd TFLOP/s of each, ratios, the issue's numbers, the bar."""
+    """One 'summary' record per (dtype, row): fwd+bwd TFLOP/s of each, ratios, the reference numbers, the bar."""
     out = []
     peers = [r for r in records if r.get("section") == "peers" and r.get("mode") == "fwd+bwd" and r.get("tflops")]
     for i, row in enumerate(ROWS):
@@ -299,11 +257,11 @@ def summarize(records):
             for peer in ("sdpa_flash", "sdpa_cudnn"):
                 if got.get(peer):
                     rec[f"ratio_vs_{peer}"] = ours_t / got[peer]
-            issue = ISSUE_TABLE.get((i, dtype))
-            if issue:
-                rec.update(issue_sdpa_flash=issue[0], issue_sdpa_cudnn=issue[1], issue_tutorial06=issue[2])
-                if issue[2]:
-                    rec["ratio_vs_issue_tutorial06"] = ours_t / issue[2]
+            ref = REFERENCE_TABLE.get((i, dtype))
+            if ref:
+                rec.update(ref_sdpa_flash=ref[0], ref_sdpa_cudnn=ref[1], ref_tutorial06=ref[2])
+                if ref[2]:
+                    rec["ratio_vs_ref_tutorial06"] = ours_t / ref[2]
             rec["bar_met"] = rec.get("ratio_vs_sdpa_flash", 0) >= 1.0
             out.append(rec)
     return out
@@ -349,7 +307,7 @@ def main(argv=None):
     def flush():
         recorded.save(args.name, records, command="python scripts/bench_ch5.py " + " ".join(argv or sys.argv[1:]),
                       directory=args.out, rows=[list(r) for r in ROWS],
-                      gpu_configs={f"{k[0]},{k[1]}": v for k, v in triton_bwd.GPU_CONFIGS.items()},
+                      gpu_configs={f"{k[0]},{k[1]}": v for k, v in bwd.GPU_CONFIGS.items()},
                       seconds=round(time.perf_counter() - t_start, 1))
 
     if "tune" in sections:

@@ -22,16 +22,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import fa_lab  # noqa: E402  (first: it picks the world)
 from fa_lab.bench import records as recorded  # noqa: E402
+from fa_lab.bench.peers import canonical_name  # noqa: E402
+from fa_lab.core.data import DATA_DIR  # noqa: E402
 from fa_lab.perf import correlate  # noqa: E402
-from fa_lab.perf import devices
-from fa_lab.perf import hardware
+from fa_lab.perf import devices  # noqa: E402
+from fa_lab.perf import hardware  # noqa: E402
 from fa_lab.perf.model import Problem  # noqa: E402
 
-DEFAULT_KERNELS = ["flash", "triton", "numba_tiled", "cudnn:bf16", "efficient:bf16", "math:bf16", "naive_torch:bf16",
-                   "numba_naive"]
+DEFAULT_KERNELS = ["sdpa-flash", "triton", "numba_tiled", "sdpa-cudnn:bf16", "sdpa-efficient:bf16", "sdpa-math:bf16",
+                   "naive_torch:bf16", "numba_naive"]
 #: the chapter-1 kernels materialise S: a few small shapes are enough for the roofline plot
-NAIVE_SHAPES = [dict(batch=8, heads=16, n_q=2048, n_k=2048, head_dim=128, mask="full"),
-                dict(batch=4, heads=16, n_q=4096, n_k=4096, head_dim=128, mask="full")]
+NAIVE_SHAPES = [dict(batch=8, heads=16, n_q=2048, n_k=2048, head_dim=128, mask="none"),
+                dict(batch=4, heads=16, n_q=4096, n_k=4096, head_dim=128, mask="none")]
 
 
 def kernel_dtypes(kernel: str, wanted: list[str]) -> list[str]:
@@ -71,6 +73,7 @@ def main(argv=None) -> int:
     kernels = {}                       # kernel -> dtypes; 'cudnn:bf16' times cudnn in bf16 only
     for item in args.kernels.split(","):
         name, _, only = item.partition(":")
+        name = canonical_name(name)        # 'flash' → 'sdpa-flash'
         if name not in hardware.SDPA_BACKENDS and name not in known:
             print(f"not registered in this tree, skipped: {name}")
             continue
@@ -144,10 +147,10 @@ def save(name, records, measured, directory, *, command, **extra):
 
 def recalibrate(name: str) -> int:
     """Re-fit and re-annotate a recording in fa_lab/data with the current model (no GPU needed)."""
-    path = recorded.DATA_DIR / f"{name}.json"
+    path = DATA_DIR / f"{name}.json"
     blob = json.loads(path.read_text())
     meta = blob["meta"]
-    cblob = json.loads((recorded.DATA_DIR / f"{name}_ceilings.json").read_text())
+    cblob = json.loads((DATA_DIR / f"{name}_ceilings.json").read_text())
     measured = devices.ceilings_from_blob(cblob)
     meta.update(annotate(blob["records"], measured, meta.get("device")), ceilings=measured)
     for old in ("efficiency", "efficiency_datasheet"):

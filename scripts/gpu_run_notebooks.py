@@ -5,7 +5,7 @@ Writes, into the output folder:
                        and one record per notebook (status, wall time, cells, images, slowest cells,
                        a short summary of its text outputs); rewritten after every notebook, so a run
                        cut short still leaves what it finished
-  executed/            the executed notebooks, outputs included (for reading, not for committing)
+  executed/            the executed notebooks, outputs included (for reading; not part of the repository)
 
 Copy gpu_notebooks.json into fa_lab/data/: the status page of the book shows it.
 """

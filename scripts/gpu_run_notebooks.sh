@@ -13,8 +13,8 @@
 # most of a GPU test run, and the GPU machines have 16 cores), NOTEBOOKS (only these notebooks, their
 # records merged into fa_lab/data/gpu_notebooks.json's).
 #
-# A machine without jupyter (the lent GPU machines have torch/triton/numba/pytest but no nbclient,
-# ipykernel or nbval) gets them from wheels in .whl/notebooks/ (git-ignored), fetched beforehand on a
+# A machine without jupyter (GPU machines that have torch/triton/numba/pytest but no nbclient,
+# ipykernel, nbval or hypothesis) gets them from wheels in .whl/notebooks/ (git-ignored), fetched beforehand on a
 # machine with pip and a network by `bash scripts/gpu_run_notebooks.sh --fetch-wheels` (CPython 3.12).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,8 @@ WHEELS="asttokens==3.0.1 comm==0.2.3 debugpy==1.8.22 decorator==5.2.1 executing=
   jupyter-client==8.10.0 jupyter-core==5.9.1 matplotlib-inline==0.2.2 nbclient==0.11.0 nbformat==5.11.1
   nbval==0.11.0 nest-asyncio2==1.7.4 parso==0.8.7 pexpect==4.8.0 platformdirs==4.14.7 prompt-toolkit==3.0.52
   ptyprocess==0.7.0 pure-eval==0.2.3 pyzmq==27.3.0 referencing==0.37.0 rpds-py==0.30.0 stack-data==0.6.3
-  tornado==6.6.1 traitlets==5.15.0 wcwidth==0.7.0 execnet==2.1.2 pytest-xdist==3.8.0"
+  tornado==6.6.1 traitlets==5.15.0 wcwidth==0.7.0 execnet==2.1.2 pytest-xdist==3.8.0
+  hypothesis==6.170.15 sortedcontainers==2.4.0"
 if [ "${1:-}" = --fetch-wheels ]; then
   exec "${PYTHON:-python3}" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
@@ -35,13 +36,13 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUTDIR"
 exec > >(tee "$OUTDIR/gpu_run.log") 2>&1
 
-if ! "$PY" -c "import nbclient, ipykernel, nbval, xdist" >/dev/null 2>&1; then
+if ! "$PY" -c "import nbclient, ipykernel, nbval, xdist, hypothesis" >/dev/null 2>&1; then
   if compgen -G ".whl/notebooks/*.whl" >/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/fa_lab_site .whl/notebooks/*.whl || exit 1
     export PYTHONPATH=/tmp/fa_lab_site${PYTHONPATH:+:$PYTHONPATH}
   else
-    echo "gpu_run: nbclient/ipykernel/nbval are missing and .whl/notebooks/ holds no wheels"; exit 1
+    echo "gpu_run: nbclient/ipykernel/nbval/xdist/hypothesis are missing and .whl/notebooks/ holds no wheels"; exit 1
   fi
 fi
 # fa_lab from this checkout, installed or not; the notebooks' kernels inherit this too

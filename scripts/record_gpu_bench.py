@@ -5,7 +5,7 @@
     python scripts/record_gpu_bench.py --part seed-table latency --out-dir $OUT
     python scripts/record_gpu_bench.py --part sweep --impl triton sdpa-flash naive_torch
 
-Parts (each one file pair gpu_bench_<device>_<part>.json/.csv):
+Parts (each one recording gpu_bench_<device>_<part>.json, the format of fa_lab.bench.records):
 
 * ``latency``    — (1, 8, 512, 64): bf16 and fp32; no mask, causal, window (128, 0); fwd and fwd+bwd;
 * ``seed-table`` — the FlashAttention-2 table (16k tokens, H=16, D=128): bf16, no mask and
@@ -31,7 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 import fa_lab  # noqa: E402  (first: it picks the world)
 from fa_lab.bench import configs  # noqa: E402
-from fa_lab.bench import runner
+from fa_lab.bench import records  # noqa: E402
+from fa_lab.bench import runner  # noqa: E402
 
 PARTS = {
     "latency": [dict(shapes=[configs.LATENCY], dtypes=["bf16", "fp32"], masks=["none", "causal", "window"],
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     for part in args.part:
         t0 = time.time()
-        records, partial = [], False
+        measured, partial = [], False
         try:
             for block in PARTS[part]:
                 block = dict(block)
@@ -89,25 +90,25 @@ def main(argv=None) -> int:
                 if not fa_lab.ON_GPU:  # dry run: the smallest shape only
                     shapes = [configs.Shape(1, 2, 16, 16)]
                 for rec in runner.iter_suite(impls + extra, shapes, suite=part, progress=False, **block):
-                    records.append(rec)
-                    if len(records) % 25 == 0:
-                        print(f"  {part}: {len(records)} cases, {time.time() - t0:.0f} s", flush=True)
+                    measured.append(rec)
+                    if len(measured) % 25 == 0:
+                        print(f"  {part}: {len(measured)} cases, {time.time() - t0:.0f} s", flush=True)
         except KeyboardInterrupt:
             partial = True
-            print(f"{part}: interrupted after {len(records)} cases; saving them", flush=True)
-        records = runner.compare(records, baseline=args.baseline)
-        out = Path(args.out_dir) / f"gpu_bench_{tag}_{part}.csv"
-        csv_path, json_path = runner.save(records, out, command=command.strip(), part=part, partial=partial,
-                                          seconds=round(time.time() - t0, 1), triton_autotune=autotune)
+            print(f"{part}: interrupted after {len(measured)} cases; saving them", flush=True)
+        measured = runner.compare(measured, baseline=args.baseline)
+        json_path = records.save(f"gpu_bench_{tag}_{part}", measured, command=command.strip(), directory=args.out_dir,
+                                 part=part, partial=partial, seconds=round(time.time() - t0, 1),
+                                 triton_autotune=autotune)
         if part == "sweep":  # a few hundred rows: print TFLOP/s at D = 64 and 128 as N × impl
-            df = runner.to_frame(records)
+            df = runner.to_frame(measured)
             ok = df[(df["status"] == "ok") & df["head_dim"].isin([64, 128])]
             if not ok.empty:
                 print(ok.pivot_table(index=["dtype", "head_dim", "n_q"], columns="impl", values="tflops",
                                      sort=False).round(1).to_string())
         else:
-            runner.table(records, title=f"{part} ({tag})")
-        print(f"{part}: {len(records)} cases in {time.time() - t0:.0f} s -> {json_path.name}", flush=True)
+            runner.table(measured, title=f"{part} ({tag})")
+        print(f"{part}: {len(measured)} cases in {time.time() - t0:.0f} s -> {json_path.name}", flush=True)
         if partial:
             return 1
     return 0

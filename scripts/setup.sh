@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what the book and the tests need into the current Python environment.
+# Install what the book and the tests need into the current Python environment: fa_lab from this
+# clone (editable, so the notebooks and `fa-lab grade` see your changes) with its book and test extras.
 # Keeps an existing torch (a CUDA build stays); installs torch==2.13.0 only if none is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +9,8 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   echo "setup: no torch found, installing torch==2.13.0"
   "$PY" -m pip install -q torch==2.13.0
 fi
-"$PY" -m pip install -q -r requirements.txt
+# the installed torch satisfies pyproject's torch>=2.4, so pip leaves it alone
+"$PY" -m pip install -q -e ".[book,test]"
 # tests/test_book_browser.py drives Debian's Chromium (never a downloaded browser); it skips without one.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -19,5 +21,4 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     echo "setup: no chromium/chromedriver and not root: the browser test will be skipped"
   fi
 fi
-"$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import fa_lab; fa_lab.banner()"

@@ -13,7 +13,7 @@ import torch
 
 import fa_lab
 from fa_lab.kernels import torch_tiled
-from fa_lab.autograd import saved_for_backward
+from fa_lab.autograd import Recompute, saved_for_backward
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import MASKS, max_error, random_qkv
 
@@ -102,7 +102,7 @@ def test_torch_tiled_gradcheck_float64():
                              requires_grad=True)
         spec = fa_lab.make_spec(q, k, v, **mask)
         # o and lse together (here every row sees a key, so lse is finite)
-        assert torch.autograd.gradcheck(lambda q, k, v: torch_tiled.Recompute.apply(q, k, v, spec, fwd, bwd),
+        assert torch.autograd.gradcheck(lambda q, k, v: Recompute.apply(q, k, v, spec, fwd, bwd),
                                         (q, k, v), eps=1e-6, atol=1e-7)
 
 
@@ -111,7 +111,7 @@ def test_torch_tiled_gradcheck_with_empty_rows():
     bwd = lambda *a: torch_tiled.tiled_backward(*a, block_m=2, block_n=2)  # noqa: E731
     q, k, v = random_qkv(1, 1, 6, 3, 4, dtype=torch.float64, device="cpu", seed=2, requires_grad=True)
     spec = fa_lab.make_spec(q, k, v, causal=True)
-    assert torch.autograd.gradcheck(lambda q, k, v: torch_tiled.Recompute.apply(q, k, v, spec, fwd, bwd)[0],
+    assert torch.autograd.gradcheck(lambda q, k, v: Recompute.apply(q, k, v, spec, fwd, bwd)[0],
                                     (q, k, v), eps=1e-6, atol=1e-7)
 
 

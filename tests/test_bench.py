@@ -11,7 +11,9 @@ import fa_lab
 from fa_lab import cli
 from fa_lab.bench import COLUMNS, load_recorded, recorded_table
 from fa_lab.bench import configs
+from fa_lab.bench import measure
 from fa_lab.bench import peers
+from fa_lab.bench import records
 from fa_lab.bench import runner
 from fa_lab.core.flops import attention_flops
 
@@ -278,15 +280,124 @@ def test_balanced_orders_give_every_callable_each_predecessor_equally_often(n):
 
 
 def test_recorded_chapter4_peers_are_interleaved_and_complete():
-    from fa_lab.bench import records as recorded
-
-    meta, gpu = recorded.load("gpu_ch4")
+    meta, gpu = records.load("gpu_ch4")
     if meta is None:
         pytest.skip("no chapter 4 recording")
     peers = gpu[gpu.section == "peers"]
-    assert set(peers.impl) == {"sdpa_flash", "sdpa_cudnn", "triton"} and (peers.status == "ok").all()
+    # recorded as sdpa_flash, read under the one naming scheme
+    assert set(peers.impl) == {"sdpa-flash", "sdpa-cudnn", "triton"} and (peers.status == "ok").all()
     assert peers.timer.str.contains("interleaved rounds").all()
     # every (dtype, shape) row has all three peers, and the small row its GPU-only time
     assert (peers.groupby(["dtype", "batch", "heads", "n_q", "head_dim", "causal"]).impl.nunique() == 3).all()
     assert peers[peers.n_q <= 1024].gpu_us_cudagraph.notna().all()
     assert (peers[peers.impl == "triton"].max_abs_diff_vs_sdpa_flash < 1e-2).all()
+
+
+# ---------------------------------------------------------------------------- one of each
+
+def test_timer_imports_nothing_of_the_benchmark_suite():
+    import subprocess
+    import sys
+
+    code = ("import fa_lab, sys; import fa_lab.bench.timer; "
+            "print(sorted(m for m in sys.modules if m.startswith('fa_lab.bench')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['fa_lab.bench', 'fa_lab.bench.timer']"
+
+
+def test_chapters_import_the_measuring_names_from_the_package():
+    from fa_lab.bench import benchmark, plot, sweep, time_fn, to_frame
+
+    assert benchmark is measure.benchmark and sweep is measure.sweep and to_frame is runner.to_frame
+    assert plot is measure.plot and time_fn(lambda: None, warmup=0, rep=2)["ms"] >= 0
+
+
+@pytest.mark.parametrize("old,new", [("sdpa_flash", "sdpa-flash"), ("flash", "sdpa-flash"), ("math", "sdpa-math"),
+                                     ("sdpa_cudnn", "sdpa-cudnn"), ("efficient", "sdpa-efficient"),
+                                     ("triton", "triton")])
+def test_one_peer_naming_scheme_with_old_spellings_as_aliases(old, new):
+    assert peers.canonical_name(old) == new
+    if new in peers.PEERS:
+        assert peers.get_peer(old) is peers.PEERS[new]
+
+
+@pytest.mark.parametrize("name", ["sdpa-math", "sdpa-flash", "naive_torch", "sdpa_math"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_raw_call_matches_the_reference(name, causal):
+    from fa_lab.core.reference import reference_attention
+    from fa_lab.core.testing import max_error, random_qkv
+
+    q, k, v = random_qkv(1, 2, 33, 33, 16, seed=hash((name, causal)) % 1000)
+    ref, _ = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=causal))
+    assert max_error(peers.raw_call(name)(q, k, v, causal), ref) < 1e-5
+    with pytest.raises(ValueError, match="unknown impl"):
+        peers.raw_call("no_such_kernel")
+
+
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (3, 1))])
+def test_sdpa_given_a_mask_tensor_computes_our_mask(causal, window):
+    from fa_lab.core.reference import reference_attention
+    from fa_lab.core.testing import max_error, random_qkv
+
+    q, k, v = random_qkv(1, 2, 7, 12, 16, seed=3)             # Nq != Nk: bottom-right causal
+    spec = fa_lab.make_spec(q, k, v, causal=causal, window=window)
+    ref, _ = reference_attention(q, k, v, spec)
+    with pytest.raises(ValueError, match="top-left|sliding window"):
+        peers.bind("sdpa-math", q, k, v, spec)
+    assert max_error(peers.bind("sdpa-math", q, k, v, spec, mask_tensor=True)(), ref) < 1e-5
+
+
+def test_recordings_round_trip(tmp_path):
+    path = records.save("r", [dict(impl="sdpa_flash", ms=1.5, err=float("nan"))], command="test", directory=tmp_path)
+    meta, rows = records.read(path)
+    assert meta["command"] == "test" and "device" in meta and "date" in meta
+    assert rows == [dict(impl="sdpa-flash", ms=1.5, err=None)]                # NaN is written as null
+    assert records.label(meta).startswith(meta["device"]) and records.label(None) == "no recorded GPU data"
+
+
+def test_no_csv_twins_are_shipped():
+    from fa_lab.core.data import DATA_DIR
+
+    assert not list(DATA_DIR.glob("*.csv"))
+
+
+# ---------------------------------------------------------------------------- the CPU world's default and Ctrl-C
+
+def test_cpu_default_leaves_out_the_simulator_kernels(monkeypatch, capsys):
+    if fa_lab.ON_GPU:
+        assert runner.left_out() == []
+        return
+    slow = runner.left_out()
+    assert {"numba_naive", "numba_tiled"} <= set(slow) and "triton" not in slow and "naive_torch" not in slow
+    fast = runner.default_impls(slow=False)
+    assert not set(slow) & set(fast) and set(slow) | set(fast) == set(runner.default_impls())
+    seen = []
+    monkeypatch.setattr(runner, "iter_suite", lambda impls, shapes, **kw: seen.append(impls) or iter(()))
+    assert cli.main(["bench", "--config", "small", "--no-progress", "--quiet"]) == 0
+    assert seen == [fast]
+    out = capsys.readouterr().out
+    assert "left out" in out and "numba_tiled" in out and "--impl" in out
+    assert cli.main(["bench", "--config", "tiny", "--impl", "numba_naive", "--no-progress", "--quiet"]) == 0
+    assert seen[-1] == ["numba_naive"]
+
+
+def test_ctrl_c_saves_what_was_measured_and_exits_130(tmp_path, monkeypatch, capsys):
+    real = measure.benchmark
+    calls = []
+
+    def interrupted_on_the_third(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "benchmark", interrupted_on_the_third)
+    out = tmp_path / "r.csv"
+    rc = cli.main(["bench", "--config", "tiny", "--impl", "naive_torch", "reference", "sdpa-math", "--dtype", "fp32",
+                   "fp64", "--no-progress", "--quiet", "--out", str(out)])
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert "interrupted after 2 cases" in err and "Traceback" not in err
+    df = pd.read_csv(out)
+    assert list(df["impl"]) == ["naive_torch", "reference"] and (df["status"] == "ok").all()
+    assert json.loads(out.with_suffix(".json").read_text())["meta"]["partial"] is True

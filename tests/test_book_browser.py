@@ -1,6 +1,6 @@
 """The rendered book: it builds with every warning an error, and every page works in a real browser.
 
-The first test builds the book exactly as the issue asks (`jupyter-book build . -W -n --keep-going`,
+The first test builds the book strictly (`jupyter-book build . -W -n --keep-going`,
 plus `--all` so that every page is read again and its warnings are seen again). Notebooks come from
 the execution cache in `_build/.jupyter_cache` when their code has not changed, so after a first
 build (or `make book`) this takes seconds; from a fresh clone it executes every notebook once.
@@ -45,6 +45,7 @@ CHROMIUM_FLAGS = [
 ]
 WINDOW = (1280, 1000)
 MAX_SHOT_HEIGHT = 6000  # px: long chapters are cut there, which is enough to see the layout
+STRAY_MARKDOWN = Path(".venv/lib/python3/site-packages/some_package/README.md")
 
 
 # --------------------------------------------------------------------------- building
@@ -59,7 +60,21 @@ def book_build():
            "build", str(ROOT), "--all", "-W", "-n", "--keep-going"]
     # the notebooks' kernels import fa_lab from this checkout, whatever else is installed
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    # a virtual environment inside the clone (as the README suggests) holds Markdown files of its
+    # own; the build must ignore them, so build with one present
+    stray = ROOT / STRAY_MARKDOWN
+    created = not stray.exists()
+    if created:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_text("# Not part of the book\n\nA package's README inside a virtual environment.\n")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    finally:
+        if created:
+            stray.unlink()
+            for parent in stray.relative_to(ROOT).parents:  # remove only the folders made here
+                if str(parent) != "." and not any((ROOT / parent).iterdir()):
+                    (ROOT / parent).rmdir()
     log = proc.stdout + proc.stderr
     (ROOT / "_build").mkdir(exist_ok=True)
     (ROOT / "_build" / "book_build.log").write_text(log)
@@ -97,6 +112,11 @@ def _toc_files() -> list[str]:
 
     walk({k: v for k, v in toc.items() if k != "root"})
     return [re.sub(r"\.(ipynb|md)$", "", f) for f in files]
+
+
+def test_virtual_environment_is_not_part_of_the_book(book_build):
+    stray_pages = [p for p in HTML.rglob("*.html") if ".venv" in p.parts or "site-packages" in p.parts]
+    assert not (HTML / STRAY_MARKDOWN).with_suffix(".html").exists() and not stray_pages, stray_pages[:5]
 
 
 def test_every_toc_entry_has_a_page(book_build):

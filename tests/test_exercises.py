@@ -16,8 +16,20 @@ import pytest
 import torch
 
 import fa_lab  # noqa: F401  (chooses the world before anything imports numba/triton)
-from fa_lab.exercises import GRADE_LOG_ENV, check, describe, get, names, reference
-from fa_lab.exercises.core import DEFAULT_TIMEOUT, Case, Exercise, max_score, plan, run_check
+from fa_lab.exercises import (
+    DEFAULT_TIMEOUT,
+    GRADE_LOG_ENV,
+    Case,
+    Exercise,
+    check,
+    describe,
+    get,
+    max_score,
+    names,
+    plan,
+    reference,
+)
+from fa_lab.exercises.runner import run_check
 
 NAMES = names()
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.exercises import check, get
-from fa_lab.exercises.ch3 import key_tiles, tile_mask, tile_update
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close
+from fa_lab.exercises import check, get
+from fa_lab.exercises.ch3 import key_tiles, tile_mask, tile_update
 
 MASKS = [(-1, -1), (-1, 0), (4, 0), (2, 3), (0, 0), (3, -1)]
 SHAPES = [(17, 17), (5, 23), (23, 9), (1, 1), (16, 32)]

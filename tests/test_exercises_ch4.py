@@ -2,8 +2,7 @@
 import pytest
 
 import fa_lab  # noqa: F401  (first: picks the world)
-from fa_lab.exercises import check
-from fa_lab.exercises import ch4
+from fa_lab.exercises import ch4, check
 
 
 def test_key_block_ranges_solution_passes():

@@ -5,6 +5,7 @@ Chapters 1 and 2's notebooks always run; other chapters' exercise notebooks are 
 ``exercises/`` and run too, marked slow.
 """
 import argparse
+import ast
 import json
 import re
 from pathlib import Path
@@ -14,9 +15,8 @@ import pytest
 
 import fa_lab  # noqa: F401
 from fa_lab import cli
+from fa_lab.exercises import get, max_score, names
 from fa_lab.exercises import grade as cli_grade
-from fa_lab.exercises import get, names
-from fa_lab.exercises import core
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "exercises"
@@ -66,12 +66,53 @@ def test_notebook_is_a_clean_learner_notebook(nb):
     assert {n for n in names(chapter)} <= {name for _, name, _ in calls}, "every exercise of the chapter"
 
 
+def private_fa_lab_names(source: str) -> list[str]:
+    """Names starting with ``_`` that ``source`` takes from fa_lab (imports, and attributes of what it imported)."""
+    lines = ["pass" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    tree = ast.parse("\n".join(lines))
+    bound, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "fa_lab":
+            found += [p for p in node.module.split(".") if p.startswith("_")]
+            found += [a.name for a in node.names if a.name.startswith("_")]
+            bound |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "fa_lab":
+                    found += [p for p in a.name.split(".") if p.startswith("_")]
+                    bound.add(a.asname or "fa_lab")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in bound:
+                found.append(node.attr)
+    return found
+
+
+def test_private_name_finder_finds_them():
+    assert private_fa_lab_names("from fa_lab.core.masks import _window, visible") == ["_window"]
+    assert private_fa_lab_names("import fa_lab\nx = fa_lab.kernels._launch(1)") == ["_launch"]
+    assert private_fa_lab_names("from fa_lab import exercises as ex\nex._load()") == ["_load"]
+    assert private_fa_lab_names("import fa_lab\n%time fa_lab.banner()\nx._y = 1") == []
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_notebook_uses_only_public_fa_lab_names(nb):
+    book = nbformat.read(EXERCISES / nb, as_version=4)
+    for filled in (book, cli_grade.fill_solutions(book)):
+        for i, cell in enumerate(filled.cells):
+            if cell.cell_type == "code":
+                assert private_fa_lab_names(cell.source) == [], f"{nb} cell {i} uses private fa_lab names"
+
+
 def test_fill_solutions_inserts_reference_before_each_check():
     book = nbformat.read(EXERCISES / CORE[0], as_version=4)
     filled = cli_grade.fill_solutions(book)
     assert len(filled.cells) == len(book.cells) + len(cli_grade.check_calls(book))
     for i, name, fn in cli_grade.check_calls(filled):
-        assert f'{fn} = _fa_lab_reference("{name}")' in filled.cells[i - 1].source
+        assert f'{fn} = fa_lab_reference("{name}")' in filled.cells[i - 1].source
 
 
 @pytest.mark.parametrize("nb", [_param(n) for n in NOTEBOOKS])
@@ -82,7 +123,7 @@ def test_grade_as_shipped_then_with_solutions(nb, capsys):
     assert entry["errors"] == [], entry["errors"]
     assert entry["exercises"] and entry["score"] == 0
     for ex in entry["exercises"]:
-        assert ex["max_score"] == core.max_score(get(ex["name"])) > 0
+        assert ex["max_score"] == max_score(get(ex["name"])) > 0
         assert "not implemented yet" in ex["feedback"]
 
     rc, book = _grade(capsys, str(EXERCISES / nb), "--solutions", "--require-full")
@@ -104,7 +145,7 @@ def test_grade_survives_a_broken_notebook(tmp_path, capsys):
     rc, graded = _grade(capsys, str(path))
     (entry,) = graded["notebooks"]
     mask = next(e for e in entry["exercises"] if e["name"] == "ch1_causal_mask")
-    assert mask["score"] == 0 and mask["max_score"] == core.max_score(get("ch1_causal_mask"))
+    assert mask["score"] == 0 and mask["max_score"] == max_score(get("ch1_causal_mask"))
     assert "did not run" in mask["feedback"]
     assert any("NameError" in e for e in entry["errors"])
 

@@ -13,10 +13,11 @@ from fa_lab.core.flops import attention_flops
 from fa_lab.core.masks import block_key_range, visible
 from fa_lab.perf import correlate
 from fa_lab.perf import devices
-from fa_lab.perf.model import Problem, count, flash_backward_counts, flash_forward_counts, naive_counts, predict, tiles, visible_pairs
+from fa_lab.perf.model import Problem, count, flash_backward_counts, flash_forward_counts, naive_counts, tiles, visible_pairs
+from fa_lab.perf.roofline import predict
 
 
-def P(n_q=256, n_k=None, mask="full", window=None, D=64, Dv=None, **kw):
+def P(n_q=256, n_k=None, mask="none", window=None, D=64, Dv=None, **kw):
     return Problem(batch=1, heads=1, n_q=n_q, n_k=n_k, head_dim=D, head_dim_v=Dv, mask=mask, window=window,
                    dtype=kw.pop("dtype", "fp16"), **kw)
 
@@ -60,7 +61,7 @@ def test_causal_forward_by_hand():
 
 
 def test_sliding_window_forward_by_hand():
-    c = flash_forward_counts(P(mask="sliding_window", window=64), block_m=128, block_n=64)
+    c = flash_forward_counts(P(mask="window", window=64), block_m=128, block_n=64)
     # row i sees keys [i - 64, i]: 1, 2, ..., 65 for the first rows, then 65 each
     assert c.visible_pairs == sum(range(1, 65)) + 65 * 192 == 14_560
     assert c.flops == 4 * 256 * 256 * 64                             # the convention ignores windows
@@ -68,8 +69,8 @@ def test_sliding_window_forward_by_hand():
     # block 0: keys [0, 128) → tiles 0, 1; block 1: keys [64, 256) → tiles 1, 2, 3
     assert c.tiles == 5 and c.flops_executed == 256 * 5 * 128 * 64
     assert c.bytes_breakdown["k"] == 2 * (128 + 192) * 64
-    assert Problem(1, 1, 256, mask="sliding_window", window=64).left_right == (64, 0)
-    assert Problem(1, 1, 256, mask="sliding_window", window=(3, 5)).left_right == (3, 5)
+    assert Problem(1, 1, 256, mask="window", window=64).left_right == (64, 0)
+    assert Problem(1, 1, 256, mask="window", window=(3, 5)).left_right == (3, 5)
 
 
 def test_kv_cache_shape_nq_less_than_nk():
@@ -115,8 +116,8 @@ def test_backward_by_hand():
     assert causal.tiles == 6
 
 
-@pytest.mark.parametrize("mask,window", [("full", None), ("causal", None), ("sliding_window", 5),
-                                         ("sliding_window", (3, 2)), ("sliding_window", (-1, 4))])
+@pytest.mark.parametrize("mask,window", [("none", None), ("causal", None), ("window", 5),
+                                         ("window", (3, 2)), ("window", (-1, 4))])
 def test_counts_agree_with_fa_lab_masks(mask, window):
     rng = random.Random(hash((mask, str(window))) % 1000)
     for _ in range(5):
@@ -132,7 +133,7 @@ def test_counts_agree_with_fa_lab_masks(mask, window):
             assert t.count[i] == want
 
 
-@pytest.mark.parametrize("mask", ["full", "causal"])
+@pytest.mark.parametrize("mask", ["none", "causal"])
 @pytest.mark.parametrize("n_q,n_k", [(256, 256), (100, 300)])
 def test_convention_is_fa_lab_flops(mask, n_q, n_k):
     p = Problem(batch=2, heads=3, n_q=n_q, n_k=n_k, head_dim=32, mask=mask)
@@ -147,11 +148,18 @@ def test_gqa_reads_kv_once_per_kv_head_only_in_the_compulsory_count():
     assert gqa.compulsory_bytes == mha.compulsory_bytes - 2 * 6 * 512 * 128
 
 
+def test_older_mask_words_are_read_as_the_package_vocabulary():
+    assert Problem(1, 1, 8, mask="full").mask == "none"
+    assert Problem(1, 1, 8, mask="sliding_window", window=3).mask == "window"
+    assert correlate.problem_of(dict(batch=1, heads=1, n_q=8, n_k=8, head_dim=8, mask="sliding_window", window=3,
+                                     dtype="fp16")).left_right == (3, 0)
+
+
 def test_bad_problems_are_refused():
     with pytest.raises(ValueError, match="mask"):
         Problem(1, 1, 8, mask="diagonal")
     with pytest.raises(ValueError, match="needs window"):
-        Problem(1, 1, 8, mask="sliding_window")
+        Problem(1, 1, 8, mask="window")
     with pytest.raises(ValueError, match="only for"):
         Problem(1, 1, 8, mask="causal", window=3)
     with pytest.raises(ValueError, match="n_q"):
@@ -231,7 +239,7 @@ def _records_with(cal, dev):
     recs = []
     for which, shapes in (("calibration", correlate.CALIBRATION), ("report", correlate.REPORT)):
         for s in shapes:
-            rec = dict(kernel="flash", set=which, dtype="fp16", status="ok", window=None, ms=1.0)
+            rec = dict(kernel="sdpa-flash", set=which, dtype="fp16", status="ok", window=None, ms=1.0)
             rec.update(s)
             rec["ms"] = correlate.predict_record(rec, dev, cal)["predicted_ms"]
             recs.append(rec)
@@ -244,14 +252,14 @@ def _records_with(cal, dev):
 def test_calibration_recovers_known_numbers(truth):
     dev = devices.get_device("H100_80GB")
     recs = _records_with(truth, dev)
-    fit = correlate.calibrate(recs, dev)["flash"]
+    fit = correlate.calibrate(recs, dev)["sdpa-flash"]
     assert fit.eff == pytest.approx(truth.eff, rel=1e-6)
     assert fit.overhead_tiles == pytest.approx(truth.overhead_tiles, abs=1e-6)
     assert fit.exp_overlap == truth.exp_overlap and fit.calibration_error < 1e-9
-    tab = correlate.table(recs, dev, {"flash": fit})
+    tab = correlate.table(recs, dev, {"sdpa-flash": fit})
     assert tab["error"].abs().max() < 1e-6
     s = correlate.summary(tab)
-    assert s.loc["flash", "shapes"] == len(correlate.REPORT) and s.loc["flash", "within_25"] == 1.0
+    assert s.loc["sdpa-flash", "shapes"] == len(correlate.REPORT) and s.loc["sdpa-flash", "within_25"] == 1.0
 
 
 def test_overhead_tiles_charge_each_program():
@@ -262,7 +270,7 @@ def test_overhead_tiles_charge_each_program():
 
 
 def test_a_kernel_that_does_not_skip_masked_tiles():
-    p = P(mask="sliding_window", window=64)
+    p = P(mask="window", window=64)
     skip = flash_forward_counts(p, block_m=128, block_n=64)
     dense = flash_forward_counts(p, block_m=128, block_n=64, skip_masked=False, mask_bytes=1)
     assert dense.tiles == 8 and dense.flops_executed == 4 * 256 * 256 * 64 > skip.flops_executed
@@ -272,7 +280,7 @@ def test_a_kernel_that_does_not_skip_masked_tiles():
 
 
 def test_sdpa_given_a_mask_tensor_is_modelled_without_skipping():
-    rec = dict(kernel="efficient", mask="sliding_window", window=64, batch=1, heads=1, n_q=256, n_k=256,
+    rec = dict(kernel="sdpa-efficient", mask="window", window=64, batch=1, heads=1, n_q=256, n_k=256,
                head_dim=64, dtype="bf16")
     km = correlate.record_model(rec)
     assert not km.skip_masked and km.mask_bytes == 1
@@ -293,16 +301,17 @@ def test_report_shapes_are_not_calibration_shapes():
 
 
 def test_recorded_gpu_data_is_consistent():
-    from fa_lab.bench import records as recorded
+    from fa_lab.bench import records
 
-    meta, df = recorded.load("gpu_ch6")
+    meta, df = records.load("gpu_ch6")
     if meta is None:
         pytest.skip("no recorded chapter-6 GPU data")
     ok = df[df["status"] == "ok"]
     assert set(ok["set"]) >= {"calibration", "report"}
     assert set(meta["calibration"]) <= set(ok["kernel"])
-    assert {"eff", "overhead_tiles", "exp_overlap"} <= set(meta["calibration"]["flash"])
-    cmeta, ceil = recorded.load("gpu_ch6_ceilings")
+    assert {"eff", "overhead_tiles", "exp_overlap"} <= set(meta["calibration"]["sdpa-flash"])
+    assert set(ok["mask"]) <= {"none", "causal", "window"}
+    cmeta, ceil = records.load("gpu_ch6_ceilings")
     assert cmeta is not None and {"tensor_bf16", "copy_bytes_per_s"} <= set(ceil["name"])
 
 
@@ -319,8 +328,8 @@ def _cli(argv, capsys):
 
 def test_cli_prints_the_simulation_and_writes_json(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc, cap = _cli(["--batch", "1", "--heads", "8", "--seq-len-q", "1024", "--seq-len-k", "2048", "--dim-qk", "128",
-                    "--dim-v", "64", "--sim-device", "H100_80GB_fp16", "--attention-mask", "causal",
+    rc, cap = _cli(["--batch", "1", "--heads", "8", "--seq-len", "1024", "--seq-len-k", "2048", "--head-dim", "128",
+                    "--head-dim-v", "64", "--sim-device", "H100_80GB", "--dtype", "fp16", "--mask", "causal",
                     "--gpu-clock-khz", "1500000", "--efficiency", "0.5", "--json-out", str(out)], capsys)
     assert rc == 0
     for word in ("FLOPs", "traffic", "predicted", "cycles", "1500 MHz"):
@@ -337,20 +346,32 @@ def test_cli_prints_the_simulation_and_writes_json(tmp_path, capsys):
 
 def test_cli_window_and_algorithms(tmp_path, capsys):
     out = tmp_path / "w.json"
-    rc, _ = _cli(["--seq-len-q", "4096", "--attention-mask", "sliding_window", "--attention-window", "256",
-                  "--algorithm", "flash_bwd", "--json-out", str(out)], capsys)
+    rc, _ = _cli(["--seq-len", "4096", "--window", "256", "0", "--algorithm", "flash_bwd", "--json-out", str(out)],
+                 capsys)
     assert rc == 0
     rep = json.loads(out.read_text())
-    assert rep["problem"]["window"] == [256, 0] and rep["algorithm"] == "flash_bwd"
+    assert rep["problem"]["window"] == [256, 0] and rep["problem"]["mask"] == "window" and rep["algorithm"] == "flash_bwd"
     rc, cap = _cli(["--algorithm", "naive", "--sim-device", "A100_80GB_bf16"], capsys)
     assert rc == 0 and "memory bound" in cap.out
 
 
+def test_cli_still_reads_its_older_flags(tmp_path, capsys):
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    assert _cli(["--seq-len-q", "512", "--dim-qk", "64", "--dim-v", "32", "--attention-mask", "sliding_window",
+                 "--attention-window", "100", "--hardware-kernel", "flash", "--json-out", str(old)], capsys)[0] == 0
+    assert _cli(["--seq-len", "512", "--head-dim", "64", "--head-dim-v", "32", "--mask", "window",
+                 "--window", "100", "0", "--json-out", str(new)], capsys)[0] == 0
+    a, b = json.loads(old.read_text()), json.loads(new.read_text())
+    assert a["problem"] == b["problem"] and a["counts"] == b["counts"] and a["kernel"] == b["kernel"] == "sdpa-flash"
+    with pytest.raises(SystemExit):
+        _cli(["--attention-window", "a,b"], capsys)
+
+
 @pytest.mark.parametrize("argv,words", [
-    (["--attention-mask", "sliding_window"], "needs --attention-window"),
-    (["--attention-window", "4"], "only for --attention-mask sliding_window"),
+    (["--mask", "window"], "needs --window"),
+    (["--window", "4", "0", "--mask", "causal"], "only for --mask window"),
     (["--sim-device", "H900_fp16"], "unknown device"),
-    (["--attention-mask", "sliding_window", "--attention-window", "a,b"], "LEFT,RIGHT"),
+    (["--dtype", "int8"], "unknown dtype"),
 ])
 def test_cli_bad_arguments_say_what_is_wrong(argv, words, capsys):
     rc, cap = _cli(argv, capsys)
@@ -361,14 +382,14 @@ def test_cli_measure_hardware(tmp_path, capsys):
     import fa_lab
 
     out = tmp_path / "m.json"
-    rc, cap = _cli(["--seq-len-q", "256", "--heads", "2", "--dim-qk", "64", "--measure-hardware",
-                    "--hardware-kernel", "flash", "--json-out", str(out)], capsys)
-    assert rc == 0
+    rc, cap = _cli(["--seq-len", "256", "--heads", "2", "--head-dim", "64", "--measure-hardware",
+                    "--hardware-kernel", "sdpa-flash", "--json-out", str(out)], capsys)
     rep = json.loads(out.read_text())
     if fa_lab.ON_GPU:
-        assert rep["measured"]["status"] == "ok" and rep["measured"]["ms"] > 0
-    else:
-        assert "no CUDA GPU" in cap.out and "simulation" in cap.out
+        assert rc == 0 and rep["measured"]["status"] == "ok" and rep["measured"]["ms"] > 0
+    else:   # the simulation is printed, then a clear error and a non-zero status
+        assert rc != 0 and "predicted" in cap.out
+        assert "needs a CUDA GPU" in cap.err and "nothing was measured" in cap.err
         assert rep["measured"]["status"] == "no GPU" and rep["predicted"]["time_s"] > 0
 
 
@@ -389,10 +410,11 @@ def test_measure_kernels_on_the_gpu():
     from fa_lab.perf import hardware
 
     p = Problem(batch=2, heads=4, n_q=1024, head_dim=64, mask="causal", dtype="bf16")
-    for kernel in ("flash", "math", "triton"):
+    for kernel in ("sdpa-flash", "sdpa-math", "triton"):
         rec = hardware.measure(kernel, p)
         assert rec["status"] == "ok" and rec["ms"] > 0, rec
-    assert "sliding window" in hardware.measure("flash", Problem(1, 1, 64, mask="sliding_window", window=8))["status"]
+    assert "sliding window" in hardware.measure("sdpa-flash", Problem(1, 1, 64, mask="window", window=8))["status"]
+    assert hardware.measure("sdpa-efficient", Problem(1, 1, 64, mask="window", window=8))["status"] == "ok"
 
 
 @pytest.mark.gpu

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.kernels.triton import fwd as triton_fwd
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv
-from fa_lab.kernels.triton.fwd import Variant, triton_forward
+from fa_lab.kernels.triton import (CPU_CONFIG, FIXED_CONFIG, ConfigCache, Variant, candidate_configs, config_key,
+                                   fast_launch, kernel, key_block_ranges, triton_forward, ws_fits_problem)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 MASKS = [
@@ -120,7 +120,7 @@ def test_paired_causal_blocks(n_q, n_k):
     # config 'paired': query blocks i and last-i share one program (balanced causal work)
     q, k, v = random_qkv(1, 2, n_q, n_k, 32, kv_heads=1, dtype=torch.float16, seed=n_q + n_k)
     for mask in (dict(causal=True), dict(causal=True, window=(20, -1))):
-        cfg = dict(triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG, paired=True)
+        cfg = dict(CPU_CONFIG if not fa_lab.ON_GPU else FIXED_CONFIG, paired=True)
         _forward_with(q, k, v, cfg, **mask)
 
 
@@ -133,7 +133,7 @@ def test_edge_tiles_narrower_than_the_key_tiles(mask, paired, host_desc):
     # in BLOCK_M-wide tiles (BLOCK_N_EDGE), the unmasked middle in BLOCK_N-wide ones
     q, k, v = random_qkv(1, 2, 45, 150, 32, kv_heads=1, dtype=torch.float16, seed=17)
     spec = fa_lab.make_spec(q, k, v, **mask)
-    base = triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG
+    base = CPU_CONFIG if not fa_lab.ON_GPU else FIXED_CONFIG
     cfg = dict(base, BLOCK_N=4 * base["BLOCK_M"], paired=paired and spec.mask == "causal")
     _forward_with(q, k, v, cfg, host_desc=host_desc, **mask)
 
@@ -143,7 +143,7 @@ def test_edge_tiles_narrower_than_the_key_tiles(mask, paired, host_desc):
 def test_exponentials_on_the_fma_units(dtype, mask):
     # config 'emu': half of the unmasked blocks' exp2 computed by a cubic on the FMA units
     q, k, v = random_qkv(2, 4, 45, 70, 64, kv_heads=2, dtype=dtype, seed=3)
-    cfg = dict(triton_fwd.CPU_CONFIG if not fa_lab.ON_GPU else triton_fwd.FIXED_CONFIG, emu=True)
+    cfg = dict(CPU_CONFIG if not fa_lab.ON_GPU else FIXED_CONFIG, emu=True)
     _forward_with(q, k, v, cfg, **mask)
 
 
@@ -154,7 +154,7 @@ def test_exp2_fma_matches_exp2():
     @triton.jit
     def exp2_fma(X, Y, N: tl.constexpr):
         i = tl.arange(0, N)
-        tl.store(Y + i, triton_fwd._exp2_fma(tl.load(X + i)))
+        tl.store(Y + i, kernel.exp2_fma(tl.load(X + i)))
 
     x = torch.cat([torch.linspace(-140.0, 0.0, 1000), -torch.rand(24) * 1e-3, torch.zeros(1)])
     x = torch.nn.functional.pad(x, (0, 1024 - x.numel())).to(fa_lab.DEVICE)
@@ -197,14 +197,16 @@ def test_non_contiguous_inputs():
 
 
 def test_fp32_precision_knob():
+    # triton_forward's precision: 'ieee' exact fp32 products, 'tf32' the Tensor Cores' 10-bit mantissa
     q, k, v = random_qkv(1, 2, 18, 18, 16, dtype=torch.float32, seed=2)
-    o = triton_fwd.flash_attention(q, k, v, causal=True, precision="ieee")
-    ref = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=True))[0]
+    spec = fa_lab.make_spec(q, k, v, causal=True)
+    ref = reference_attention(q, k, v, spec)[0]
+    o, _ = triton_forward(q, k, v, spec, precision="ieee")
     assert_close(o, ref, torch.float32)
-    o32 = triton_fwd.flash_attention(q, k, v, causal=True, precision="tf32")
+    o32, _ = triton_forward(q, k, v, spec, precision="tf32")
     assert (o32.double() - ref).abs().max() < 5e-3  # TF32: 10-bit mantissa on the GPU
     with pytest.raises(ValueError, match="precision"):
-        triton_fwd.flash_attention(q, k, v, precision="fp64")
+        triton_forward(q, k, v, spec, precision="fp64")
 
 
 @pytest.mark.parametrize("head_dim,dtype,words", [
@@ -230,28 +232,18 @@ def test_triton_forward_contract_for_the_backward():
     assert torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=1e-2)
 
 
-def test_config_cache_roundtrip(tmp_path, monkeypatch):
-    monkeypatch.setenv("FA_LAB_CACHE_DIR", str(tmp_path))
-    cache = triton_fwd.ConfigCache()
-    cfg = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, ws=False)
-    cache.put("Some GPU", "float16|d128|q4096|k4096|causal|pipelined", dict(cfg, ms=1.0))
-    again = triton_fwd.ConfigCache()  # a fresh process reads the file
-    assert again.get("Some GPU", "float16|d128|q4096|k4096|causal|pipelined") == cfg
-    assert again.get("Other GPU", "float16|d128|q4096|k4096|causal|pipelined") is None
-
-
 def test_config_keys_bucket_lengths_and_separate_what_matters():
-    q, k, v = random_qkv(1, 1, 3000, 3000, 40, dtype=torch.float16, device="meta")
-    key = triton_fwd.config_key(fa_lab.make_spec(q, k, v, causal=True), torch.float16, "pipelined")
+    q, k, v = random_qkv(1, 1, 3000, 3000, 40, dtype=torch.float16, device="cpu")
+    key = config_key(fa_lab.make_spec(q, k, v, causal=True), torch.float16, "pipelined")
     assert key == "float16|d64|q4096|k4096|causal|pipelined"
-    key2 = triton_fwd.config_key(fa_lab.make_spec(q, k, v), torch.bfloat16, "pipelined")
+    key2 = config_key(fa_lab.make_spec(q, k, v), torch.bfloat16, "pipelined")
     assert key2 != key
 
 
 @pytest.mark.parametrize("space", ["tuned", "pipelined"])
 @pytest.mark.parametrize("d_pad", [16, 64, 128, 256])
 def test_candidate_configs_are_pruned(space, d_pad):
-    cands = triton_fwd.candidate_configs(space, d_pad, 2)
+    cands = candidate_configs(space, d_pad, 2)
     assert cands
     for c in cands:
         if c["num_warps"] == 8:  # two warpgroups need 128 rows, and at D > 64 a 128x128 tile
@@ -261,7 +253,7 @@ def test_candidate_configs_are_pruned(space, d_pad):
 
 
 def test_shipped_configs_file_is_valid():
-    path = triton_fwd.ConfigCache.SHIPPED
+    path = ConfigCache.SHIPPED
     if not path.exists():
         pytest.skip("no shipped configs yet")
     import json
@@ -301,27 +293,27 @@ def test_warp_specialized_config(mask, n_q, n_k, d):
     if fa_lab.ON_GPU:
         pytest.skip("on a GPU: test_gpu_hopper_warp_specialized_tile (Triton's pass fails on masked loops)")
     q, k, v = random_qkv(1, 4, n_q, n_k, d, kv_heads=2, dtype=torch.float16, seed=n_q + n_k + d)
-    _forward_with(q, k, v, dict(triton_fwd.CPU_CONFIG, ws=True), **mask)
+    _forward_with(q, k, v, dict(CPU_CONFIG, ws=True), **mask)
     q, k, v = random_qkv(1, 2, 45, n_k, d, dtype=torch.float16)
     with pytest.raises(ValueError, match="n_q % 4"):
-        _forward_with(q, k, v, dict(triton_fwd.CPU_CONFIG, ws=True), **mask)
+        _forward_with(q, k, v, dict(CPU_CONFIG, ws=True), **mask)
 
 
 def test_ws_fits_problem():
     def spec(n_q, n_k, d=128, **mask):
-        q, k, v = random_qkv(1, 2, n_q, n_k, d, dtype=torch.float16, device="meta")
+        q, k, v = random_qkv(1, 2, n_q, n_k, d, dtype=torch.float16, device="cpu")
         return fa_lab.make_spec(q, k, v, **mask)
 
     f16 = torch.float16
-    assert triton_fwd.ws_fits_problem(spec(16384, 16384), f16, 9)
-    assert triton_fwd.ws_fits_problem(spec(1000, 1024, 80), f16, 9)        # D_PAD 128, tails in n_q
-    assert not triton_fwd.ws_fits_problem(spec(9002, 9216), f16, 9)        # n_q % 4: lse descriptor
-    assert not triton_fwd.ws_fits_problem(spec(9000, 9001), f16, 9)        # a ragged last key tile
-    assert not triton_fwd.ws_fits_problem(spec(4096, 4096, causal=True), f16, 9)
-    assert not triton_fwd.ws_fits_problem(spec(4096, 4096, 64), f16, 9)
-    assert not triton_fwd.ws_fits_problem(spec(4096, 4096), torch.float32, 9)
-    assert triton_fwd.ws_fits_problem(spec(4096, 4096, causal=True), f16, 10)  # Blackwell: any mask
-    assert not triton_fwd.ws_fits_problem(spec(4097, 4096), f16, 10)
+    assert ws_fits_problem(spec(16384, 16384), f16, 9)
+    assert ws_fits_problem(spec(1000, 1024, 80), f16, 9)        # D_PAD 128, tails in n_q
+    assert not ws_fits_problem(spec(9002, 9216), f16, 9)        # n_q % 4: lse descriptor
+    assert not ws_fits_problem(spec(9000, 9001), f16, 9)        # a ragged last key tile
+    assert not ws_fits_problem(spec(4096, 4096, causal=True), f16, 9)
+    assert not ws_fits_problem(spec(4096, 4096, 64), f16, 9)
+    assert not ws_fits_problem(spec(4096, 4096), torch.float32, 9)
+    assert ws_fits_problem(spec(4096, 4096, causal=True), f16, 10)  # Blackwell: any mask
+    assert not ws_fits_problem(spec(4097, 4096), f16, 10)
 
 
 @pytest.mark.gpu
@@ -347,12 +339,13 @@ def test_key_block_ranges_cover_every_visible_key_once_and_skip_the_rest():
         left, right = rng.choice([-1, rng.randint(0, 200)]), rng.choice([-1, 0, rng.randint(0, 200)])
         ok = fa_lab.visible(n_q, n_k, left, right)
         for m0 in range(0, n_q, bm):
-            lo, mid_lo, mid_hi, hi = triton_fwd.key_block_ranges(m0, bm, bn, n_q, n_k, left, right)
+            lo, mid_lo, mid_hi, hi = key_block_ranges(m0, bm, bn, n_q, n_k, left, right)
             rows = ok[m0:m0 + bm]
             blocks = {s: True for s in range(lo, mid_lo, bn)}
             blocks.update({s: False for s in range(mid_lo, mid_hi, bn)})
             blocks.update({s: True for s in range(mid_hi, hi, bn)})
-            assert len(blocks) == len(range(lo, mid_lo, bn)) + len(range(mid_lo, mid_hi, bn)) + len(range(mid_hi, hi, bn))
+            ranges = (range(lo, mid_lo, bn), range(mid_lo, mid_hi, bn), range(mid_hi, hi, bn))
+            assert len(blocks) == sum(len(r) for r in ranges)
             seen = torch.zeros(n_k, dtype=torch.bool)
             for s, masked in blocks.items():
                 assert s % bn == 0
@@ -361,3 +354,109 @@ def test_key_block_ranges_cover_every_visible_key_once_and_skip_the_rest():
                 assert masked or (tile.all() and s + bn <= n_k), "a mask-free block hides a key"
                 seen[s:s + bn] = True
             assert not (rows.any(0) & ~seen).any(), "a visible key is never visited"
+
+
+# ---- repeated launches straight through the compiled kernel (fast_launch) and its guard ----
+
+def _fake_fn(X, n, A: "tl.constexpr", B: "tl.constexpr"):  # noqa: F821 (read as text, as Triton does)
+    """A stand-in kernel signature: two runtime arguments, then two constexprs."""
+
+
+class _FakeCompiled:
+    def __init__(self, kernel, signature):
+        self.kernel, self.src = kernel, type("Src", (), {"signature": signature})()
+
+    def __getitem__(self, grid):
+        return lambda *args: self.kernel.direct.append((grid, args))
+
+
+class _FakeKernel:
+    """Records how it was launched: through the JIT (``kernel[grid](...)``) or directly."""
+
+    fn = staticmethod(_fake_fn)
+
+    def __init__(self, signature):
+        self.signature, self.jit, self.direct = signature, [], []
+
+    def __getitem__(self, grid):
+        def run(*args, num_warps, num_stages, **meta):
+            self.jit.append((grid, args, meta))
+            return _FakeCompiled(self, self.signature)
+        return run
+
+
+GOOD_SIGNATURE = {"X": "*fp32", "n": "i32", "A": "constexpr", "B": "constexpr"}
+
+
+@pytest.mark.parametrize("signature,ok", [
+    (GOOD_SIGNATURE, True),
+    ({"n": "i32", "X": "*fp32", "A": "constexpr", "B": "constexpr"}, False),   # another order
+    ({"X": "*fp32", "n": "i32", "A": "constexpr", "B": "i32"}, False),         # B not a constexpr
+    ({"X": "*fp32", "n": "i32"}, False),                                       # constexprs left out
+    (None, False),                                                             # no signature at all
+])
+def test_direct_launch_guard_checks_the_compiled_signature(signature, ok):
+    kernel = _FakeKernel(signature)
+    assert fast_launch.direct_launch_supported(_FakeCompiled(kernel, signature), kernel) is ok
+
+
+def test_the_real_kernel_passes_its_constexprs_last():
+    # the fast path passes the runtime arguments, then the constexprs: the kernel must list them so
+    params = fast_launch.kernel_parameters(kernel.attn_fwd)
+    constexprs = fast_launch.constexpr_parameters(kernel.attn_fwd)
+    assert constexprs and params[-len(constexprs):] == constexprs
+    assert params.index("right") == len(params) - len(constexprs) - 1
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_fast_launch_goes_direct_only_when_the_guard_allows(supported, monkeypatch):
+    fast_launch.reset()
+    monkeypatch.setattr(fast_launch, "direct_launch_supported", lambda compiled, kern: supported)
+    fake = _FakeKernel(GOOD_SIGNATURE)
+    try:
+        for x in ("x1", "x2", "x3"):
+            fast_launch.launch(fake, ("problem", "config"), (4, 2), (x, 7), dict(B=False, A=16), 4, 1)
+    finally:
+        fast_launch.reset()
+    if supported:   # first through the JIT, then the compiled kernel with the constexprs in signature order
+        assert len(fake.jit) == 1
+        assert fake.direct == [((4, 2, 1), ("x2", 7, 16, False)), ((4, 2, 1), ("x3", 7, 16, False))]
+    else:           # every launch through the JIT
+        assert [args for _, args, _ in fake.jit] == [("x1", 7), ("x2", 7), ("x3", 7)]
+        assert not fake.direct
+
+
+@pytest.mark.gpu
+def test_gpu_fast_launch_matches_the_jit_launch(monkeypatch):
+    # the installed Triton keeps the convention the fast path relies on, and both paths agree bit for bit
+    q, k, v = random_qkv(1, 2, 200, 300, 64, dtype=torch.float16, seed=21)
+    spec = fa_lab.make_spec(q, k, v, causal=True)
+    fast_launch.reset()
+    try:
+        first = triton_forward(q, k, v, spec, config=FIXED_CONFIG)
+        assert fast_launch._SUPPORTED is True, "this Triton's compiled kernels changed their calling convention"
+        direct = triton_forward(q, k, v, spec, config=FIXED_CONFIG)
+        fast_launch.reset()
+        monkeypatch.setattr(fast_launch, "direct_launch_supported", lambda compiled, kern: False)
+        triton_forward(q, k, v, spec, config=FIXED_CONFIG)
+        jit = triton_forward(q, k, v, spec, config=FIXED_CONFIG)
+    finally:
+        fast_launch.reset()
+    for a, b, c in zip(first, direct, jit):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+# ---- the regions chapter 4 prints (fa_lab.core.source) ----
+
+def test_the_kernel_regions_the_book_prints():
+    from fa_lab.core.source import source_text
+
+    ranges = source_text(kernel.attn_fwd_block, "key-ranges")
+    assert ranges.startswith("m0 = pid_m * BLOCK_M") and "mid_hi = tl.maximum(" in ranges
+    assert "region" not in ranges and "attn_fwd_inner" not in ranges
+    whole = source_text(kernel.attn_fwd_block)
+    assert "def attn_fwd_block(" in whole and "# region" not in whole and "# endregion" not in whole
+    for region in ("key-loops", "epilogue"):
+        assert source_text(kernel.attn_fwd_block, region).strip()
+    with pytest.raises(ValueError, match="key-loops"):   # the error lists the regions there are
+        source_text(kernel.attn_fwd_block, "hot-loop")

@@ -9,7 +9,9 @@ Examples::
 Every case becomes a row: p50 [p10–p90] ms, TFLOP/s, peak extra memory and its reduction
 vs naive, speedup vs --baseline, max abs error vs the float64 reference (small sizes),
 and a status (ok / oom / unsupported: why / skipped: why).  Nothing that cannot run
-stops the run.  On a CPU-only machine the times are wall clock of the simulator.
+stops the run; Ctrl-C stops it and keeps (with --out, saves) what was measured.  On a
+CPU-only machine the times are wall clock of the simulator, and the Numba CUDA kernels,
+which the simulator runs thread by thread, are left out unless named with --impl.
 """
 from __future__ import annotations
 
@@ -22,30 +24,30 @@ N=128..65536 x D=16..128 x bf16/fp32), latency (1,8,512,64). Explicit --batch/--
 (each may take several values: a grid) replace the config's dimensions, or stand alone without --config.
 --warmup/--rep: calls in the CPU world; milliseconds of warm-up/repetition (triton do_bench) on a GPU."""
 
+#: the exit status of a run stopped by Ctrl-C (128 + SIGINT), as a shell reports it
+INTERRUPTED = 130
+
 
 def configure(parser) -> None:
+    import argparse
+
     from fa_lab.bench.configs import config_names
+    from fa_lab.cli import add_problem_arguments, positive_int
 
     parser.epilog = EPILOG
-    parser.formatter_class = __import__("argparse").RawDescriptionHelpFormatter
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--impl", nargs="+", metavar="IMPL",
                         help="registered implementations and/or peers (sdpa, sdpa-flash, sdpa-cudnn, "
-                             "sdpa-efficient, sdpa-math, flash-attn); default: all that run in this world")
+                             "sdpa-efficient, sdpa-math, flash-attn); default: all that run in this world "
+                             "(in the CPU world, without the slow Numba CUDA simulator kernels)")
     parser.add_argument("--mode", nargs="+", default=["fwd"], choices=["fwd", "bwd", "fwd+bwd"])
-    parser.add_argument("--dtype", nargs="+", metavar="DTYPE",
-                        help="fp16, bf16, fp32, fp64 (default: the config's, else fp32)")
-    parser.add_argument("--mask", nargs="+", choices=["none", "causal", "window"],
-                        help="default: the config's (causal for sweep, else none); window with --window")
-    parser.add_argument("--window", nargs=2, type=int, metavar=("LEFT", "RIGHT"),
-                        help="sliding window (left, right), -1 unbounded; implies --mask window")
     parser.add_argument("--config", choices=config_names())
-    for flag in ("--batch", "--heads", "--seq-len", "--head-dim", "--kv-heads", "--seq-len-k"):
-        parser.add_argument(flag, nargs="+", type=_positive, metavar="N")
+    add_problem_arguments(parser, grid=True)
     parser.add_argument("--baseline", metavar="IMPL", help="speedup = baseline ms / ms (default naive_torch if run)")
     parser.add_argument("--out", metavar="FILE.csv", help="write CSV, and JSON (with machine facts) beside it")
     parser.add_argument("--plot", metavar="FILE.png", help="save TFLOP/s and memory vs N (or ms per case)")
-    parser.add_argument("--warmup", type=_positive, help="CPU: calls; GPU: ms (default 3 calls / 25 ms)")
-    parser.add_argument("--rep", type=_positive, help="CPU: calls; GPU: ms (default 10 calls / 100 ms)")
+    parser.add_argument("--warmup", type=positive_int, help="CPU: calls; GPU: ms (default 3 calls / 25 ms)")
+    parser.add_argument("--rep", type=positive_int, help="CPU: calls; GPU: ms (default 10 calls / 100 ms)")
     parser.add_argument("--max-ms", type=float, metavar="MS",
                         help="skip cases predicted (from the previous N) to take longer than MS per call")
     parser.add_argument("--no-check", action="store_true", help="skip the max-abs-error column")
@@ -54,32 +56,20 @@ def configure(parser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no table (files only)")
 
 
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def plan(args) -> dict:
     """The parsed arguments as ``run_suite`` keyword arguments; ``ValueError`` says what is wrong."""
     from fa_lab.bench.configs import default_dtypes, default_mask, shapes
+    from fa_lab.bench.peers import canonical_name
     from fa_lab.bench.runner import default_impls, known_impls
-    from fa_lab.bench.timer import as_dtype
+    from fa_lab.core.dtypes import short_name
 
-    impls = args.impl or default_impls()
+    impls = [canonical_name(n) for n in args.impl] if args.impl else default_impls(slow=False)
+    baseline = canonical_name(args.baseline) if args.baseline else None
     known = known_impls()
-    bad = [n for n in impls + ([args.baseline] if args.baseline else []) if n not in known]
+    bad = [n for n in impls + ([baseline] if baseline else []) if n not in known]
     if bad:
         raise ValueError(f"unknown impl {', '.join(map(repr, bad))}; known: {', '.join(known)}")
-    dtypes = args.dtype or default_dtypes(args.config) or ["fp32"]
-    for d in dtypes:
-        as_dtype(d)
+    dtypes = [short_name(d) for d in args.dtype or default_dtypes(args.config) or ["fp32"]]
     window = tuple(args.window) if args.window else (-1, -1)
     masks = args.mask or (["window"] if args.window else [default_mask(args.config)])
     if "window" in masks and window == (-1, -1):
@@ -96,9 +86,24 @@ def plan(args) -> dict:
         impls=impls,
         shapes=shapes(args.config, batch=args.batch, heads=args.heads, seq_len=args.seq_len,
                       head_dim=args.head_dim, kv_heads=args.kv_heads, seq_len_k=args.seq_len_k),
-        dtypes=dtypes, masks=masks, modes=args.mode, window=window, baseline=args.baseline,
+        dtypes=dtypes, masks=masks, modes=args.mode, window=window, baseline=baseline,
         warmup=args.warmup, rep=args.rep, gpu_ms=gpu_ms, check=not args.no_check, max_ms=args.max_ms,
         suite=args.config or "custom", progress=not args.no_progress, seed=args.seed)
+
+
+def measure(kwargs) -> tuple[list, bool]:
+    """``(records, interrupted)``: every case of the plan, or those measured before Ctrl-C."""
+    from fa_lab.bench import runner
+
+    baseline = kwargs.pop("baseline") or ("naive_torch" if "naive_torch" in kwargs["impls"] else kwargs["impls"][0])
+    records = []
+    try:
+        for rec in runner.iter_suite(**kwargs, baseline=baseline):
+            records.append(rec)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    return runner.compare(records, baseline=baseline), interrupted
 
 
 def run(args) -> int:
@@ -111,16 +116,23 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"fa-lab bench: error: {exc}", file=sys.stderr)
         return 2
-    records = runner.run_suite(**kwargs)
-    if not args.quiet:
+    if not args.impl and runner.left_out():
+        print(f"left out in the {runner.WORLD} world (Numba CUDA simulator, 15-25 s a call at the small config): "
+              f"{', '.join(runner.left_out())}; name them with --impl to include them")
+    records, interrupted = measure(kwargs)
+    if records and not args.quiet:
         runner.table(records)
     counts = Counter(r["status"].split(":")[0] for r in records)
-    print("cases: " + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
-    if args.out:
+    print("cases: " + (", ".join(f"{n} {s}" for s, n in counts.most_common()) or "none"))
+    if args.out and records:
         command = "fa-lab " + " ".join(shlex.quote(a) for a in (getattr(args, "_argv", None) or ["bench"]))
-        csv_path, json_path = runner.save(records, args.out, command=command.strip())
+        csv_path, json_path = runner.save(records, args.out, command=command.strip(), partial=interrupted)
         print(f"wrote {csv_path} and {json_path}")
+    if interrupted:
+        print(f"fa-lab bench: interrupted after {len(records)} cases"
+              + (" (saved)" if args.out and records else ""), file=sys.stderr)
+        return INTERRUPTED
     if args.plot:
-        runner.plot(records, args.plot)
+        runner.plot_suite(records, args.plot)
         print(f"wrote {args.plot}")
     return 0

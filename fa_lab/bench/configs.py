@@ -28,7 +28,7 @@ class Shape:
         return f"({self.batch}, {self.heads}{kv}, {self.n_q}{nk}, {self.head_dim})"
 
     def kwargs(self) -> dict:
-        """Keyword arguments of ``fa_lab.bench.timer.benchmark``."""
+        """Keyword arguments of ``fa_lab.bench.measure.benchmark``."""
         d = asdict(self)
         return dict(batch=d["batch"], heads=d["heads"], seq_len=d["n_q"], seq_len_k=d["n_k"],
                     head_dim=d["head_dim"], kv_heads=d["kv_heads"])

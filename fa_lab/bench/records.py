@@ -1,21 +1,40 @@
-"""GPU results recorded in the repository, so the book can show real GPU numbers anywhere.
+"""Recordings: measurements saved with the facts of the machine, and the GPU results shipped in ``fa_lab/data``.
 
-A recording is one JSON file in ``fa_lab/data/``: ``{"meta": {...}, "records": [...]}``
-where ``meta`` holds the device, driver, versions, date and the command that made it,
-and ``records`` are the dicts ``fa_lab.bench.timer.benchmark`` returns.
+A recording is one JSON file, ``{"meta": {...}, "records": [...]}``: ``meta`` holds the
+device, driver, versions, date and the command that made it; ``records`` are dicts, one per
+measurement (``fa_lab.bench.measure.benchmark``'s, the suite's, or a script's own).  This
+module is the one writer (``write``/``save``) and the one reader (``read``) of that format;
+so that the book can show real GPU numbers anywhere, the chapters load the shipped ones::
+
+    from fa_lab.bench import records
+    meta, df = records.load("gpu_ch4")               # one recording; (None, None) if absent
+    records.label(meta)                              # 'NVIDIA H100 80GB HBM3 · torch 2.11 · ...'
+    records.load_recorded("seed-table")              # a benchmark suite, every device that ran it
+    records.recorded_table("sweep", impls=["triton", "sdpa-flash"], value="tflops",
+                           where=dict(dtype="bfloat16", head_dim=128))
+
+Peers are read under one naming scheme (``sdpa-flash``, ``sdpa-cudnn``, …), whatever spelling
+(``sdpa_flash``) the recording used.
 """
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import subprocess
 from pathlib import Path
 
 from fa_lab.core.data import DATA_DIR
 
+#: the benchmark suite's recordings: ``gpu_bench_<device>_<suite>.json``
+SUITE_PREFIX = "gpu_bench_"
+NO_DATA = "no recorded GPU data"
 
 
-def _driver() -> str | None:
+# ----------------------------------------------------------------------------- writing
+
+def driver() -> str | None:
+    """The NVIDIA driver version, or None where there is no ``nvidia-smi``."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=20)
@@ -24,36 +43,130 @@ def _driver() -> str | None:
         return None
 
 
-def save(name: str, records, *, command: str, directory: Path | None = None, **extra) -> Path:
-    """Write ``records`` with the facts of this machine to ``<directory>/<name>.json``."""
-    from fa_lab.core.world import describe
+def metadata(command: str | None = None, **extra) -> dict:
+    """The facts of this machine that travel with every recording."""
+    from fa_lab.core.world import ON_GPU, describe
 
     meta = describe()
-    meta.update(driver=_driver(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    meta.update(driver=driver() if ON_GPU else None,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 command=command, **extra)
-    path = Path(directory or DATA_DIR) / f"{name}.json"
+    return meta
+
+
+def _jsonable(r: dict) -> dict:
+    # NaN/inf are not JSON: write null
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+
+
+def write(path, records, meta: dict) -> Path:
+    """Write ``{"meta", "records"}`` to ``path``, one record a line (diffable)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "records": list(records)}, indent=1, default=str))
+    head = json.dumps(meta, indent=1, default=str)
+    rows = ",\n".join(json.dumps(_jsonable(r), default=str) for r in records)
+    path.write_text(f'{{"meta": {head},\n"records": [\n{rows}\n]}}\n')
     return path
 
 
-def available() -> list[str]:
-    return sorted(p.stem for p in DATA_DIR.glob("*.json"))
+def save(name: str, records, *, command: str, directory: Path | None = None, **extra) -> Path:
+    """Write ``records`` with the facts of this machine to ``<directory>/<name>.json`` (default ``fa_lab/data``)."""
+    return write(Path(directory or DATA_DIR) / f"{name}.json", list(records), metadata(command, **extra))
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _canonical_peers(records: list) -> list:
+    from fa_lab.bench.peers import canonical_name
+
+    for r in records:
+        for key in ("impl", "kernel"):
+            if key in r:
+                r[key] = canonical_name(r[key])
+    return records
+
+
+def read(path) -> tuple[dict, list]:
+    """``(meta, records)`` of a recording file; peers under their ``sdpa-flash`` names."""
+    blob = json.loads(Path(path).read_text())
+    return blob["meta"], _canonical_peers(blob["records"])
+
+
+def available(prefix: str = "") -> list[str]:
+    """Stems of the recordings in ``fa_lab/data`` whose name starts with ``prefix``."""
+    return sorted(p.stem for p in DATA_DIR.glob(f"{prefix}*.json"))
 
 
 def load(name: str):
-    """``(meta, DataFrame)`` of a recording, or ``(None, None)`` if it was never recorded."""
+    """``(meta, DataFrame)`` of recording ``fa_lab/data/<name>.json``, or ``(None, None)`` if it was never recorded."""
     import pandas as pd
 
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
         return None, None
-    blob = json.loads(path.read_text())
-    return blob["meta"], pd.DataFrame.from_records(blob["records"])
+    meta, records = read(path)
+    return meta, pd.DataFrame.from_records(records)
 
 
 def label(meta) -> str:
-    """'NVIDIA H100 80GB HBM3 · torch 2.11 · 2026-11-21' — how the book captions recorded data."""
+    """'NVIDIA H100 80GB HBM3 · torch 2.11 · triton 3.6 · 2026-11-21' — how the book captions recorded data."""
     if not meta:
-        return "no recorded GPU data"
+        return NO_DATA
     return f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · {str(meta.get('date'))[:10]}"
+
+
+# ----------------------------------------------------------------------------- the benchmark suite's recordings
+
+def _suite_files(name: str, device: str | None) -> list[Path]:
+    stems = available(SUITE_PREFIX)
+    for stem in (name, f"{SUITE_PREFIX}{name}"):
+        if stem in stems:
+            return [DATA_DIR / f"{stem}.json"]
+    return [DATA_DIR / f"{s}.json" for s in stems
+            if s.endswith(f"_{name}") and (device is None or s.startswith(f"{SUITE_PREFIX}{device.lower()}_"))]
+
+
+def load_recorded(name: str = "seed-table", *, device: str | None = None):
+    """Recorded results of suite ``name`` ('seed-table', 'sweep', 'latency', ...) as a DataFrame.
+
+    ``name`` may also be a file stem (``h100_seed-table``).  ``device`` ('h100', 'h200')
+    keeps one device.  Every row carries ``source`` (its file); ``df.attrs["meta"]`` lists each
+    file's meta (driver, versions, date, command) and ``df.attrs["label"]`` a caption.
+    An empty DataFrame (with ``attrs["label"] = 'no recorded GPU data'``) if none exists.
+    """
+    import pandas as pd
+
+    frames, metas = [], []
+    for path in _suite_files(name, device):
+        meta, records = read(path)
+        frames.append(pd.DataFrame.from_records(records).assign(source=path.name))
+        metas.append(meta)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df.attrs["meta"] = metas
+    df.attrs["label"] = " | ".join(label(m) for m in metas) if metas else NO_DATA
+    return df
+
+
+def recorded_table(name: str = "seed-table", *, impls=None, value: str = "tflops", where: dict | None = None,
+                   device: str | None = None, index=("shape", "dtype", "mode")):
+    """Pivot of recorded ``value`` (``tflops``, ``ms``, ``speedup``, …): one row per shape, one column
+    per implementation; non-``ok`` cases show their status instead of a number."""
+    df = load_recorded(name, device=device)
+    if df.empty:
+        return df
+    if where:
+        for k, v in where.items():
+            df = df[df[k].isin(v if isinstance(v, (list, tuple)) else [v])]
+    if impls is not None:
+        df = df[df["impl"].isin(list(impls))]
+    if df.empty:
+        return df
+    order = list(dict.fromkeys(df["impl"]))
+    cell = df.apply(lambda r: round(r[value], 3) if r["status"] == "ok" and r[value] == r[value]
+                    else r["status"].split(":")[0], axis=1)
+    index = [c for c in index if c in df and df[c].nunique() > 1] or ["shape"]
+    pivot = df.assign(_cell=cell).pivot_table(index=index, columns="impl", values="_cell", aggfunc="first",
+                                              sort=False)
+    pivot = pivot[[c for c in order if c in pivot.columns]]
+    pivot.columns.name = f"{value} — {df.attrs.get('label', '')}"
+    return pivot

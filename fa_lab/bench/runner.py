@@ -1,9 +1,9 @@
 """The benchmark suite: every (implementation × shape × dtype × mask × mode) through
-``fa_lab.bench.timer.benchmark``, then the columns that compare rows with each other.
+``fa_lab.bench.measure.benchmark``, then the columns that compare rows with each other.
 
 Data first: ``run_suite`` returns records (dicts, one per measurement, schema in
-``COLUMNS``); ``save`` writes them as CSV plus JSON with the facts of the machine;
-``table`` prints them; ``plot`` draws TFLOP/s and memory against N.
+``COLUMNS``); ``save`` writes them as CSV plus a recording (``fa_lab.bench.records``);
+``table`` prints them; ``plot_suite`` draws TFLOP/s and memory against N.
 
 Nothing here raises for a case that cannot run: out-of-memory, an unsupported dtype or
 mask, a kernel that does not exist in this world — each becomes a row whose ``status``
@@ -11,20 +11,20 @@ says so (``ok``, ``oom``, ``oom: predicted …``, ``unsupported: …``, ``skippe
 """
 from __future__ import annotations
 
-import datetime
-import json
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from fa_lab.core import registry
-from fa_lab.core.flops import attention_flops
-from fa_lab.bench.timer import as_dtype, benchmark
-from fa_lab.core.world import DEVICE, ON_GPU, WORLD, describe
+from fa_lab.bench import records as recordings
 from fa_lab.bench.configs import Shape
+from fa_lab.bench.measure import benchmark, plot, to_frame
 from fa_lab.bench.peers import PEERS
+from fa_lab.bench.timer import CPU_TIMER, GPU_TIMER
+from fa_lab.core import registry
+from fa_lab.core.dtypes import as_dtype, long_name
+from fa_lab.core.flops import attention_flops
+from fa_lab.core.world import DEVICE, ON_GPU, WORLD
 
 #: every record has these keys, in this order (CSV column order)
 COLUMNS = [
@@ -50,17 +50,29 @@ def is_step(impl) -> bool:
     return impl.step_of is not None
 
 
-def default_impls(*, steps: bool = True) -> list[str]:
+def slow_here(impl) -> bool:
+    """A kernel the Numba CUDA simulator runs thread by thread in Python: 15-25 s per call at
+    (2, 4, 64, 64) on a laptop core, against well under a second for everything else."""
+    return not ON_GPU and not impl.host_only and impl.fn.__module__.startswith("fa_lab.kernels.numba.")
+
+
+def default_impls(*, steps: bool = True, slow: bool = True) -> list[str]:
     """What runs when ``--impl`` is not given: every kernel that runs in this world, then SDPA.
 
     On a GPU the host-only ones (the float64 reference, NumPy, Numba @njit) are left out:
     they are the CPU story, and at GPU sizes they would take minutes per call.  ``steps=False``
-    also leaves out the chapters' intermediate steps.
+    also leaves out the chapters' intermediate steps; ``slow=False`` the simulator kernels of
+    ``slow_here`` (``left_out`` names them).
     """
     ours = [n for n, i in registry.implementations(runnable=True).items()
-            if not (ON_GPU and i.host_only) and (steps or not is_step(i))]
+            if not (ON_GPU and i.host_only) and (steps or not is_step(i)) and (slow or not slow_here(i))]
     peers = [n for n, p in PEERS.items() if WORLD in p.worlds and n != "sdpa"]
     return ours + peers
+
+
+def left_out(*, steps: bool = True) -> list[str]:
+    """The implementations ``default_impls(slow=False)`` leaves out in this world."""
+    return [n for n in default_impls(steps=steps) if n not in default_impls(steps=steps, slow=False)]
 
 
 def device_name() -> str:
@@ -167,7 +179,12 @@ def iter_suite(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd"
         timing["warmup"] = warmup
     if rep is not None:
         timing["rep"] = rep
-    bar = tqdm(todo, disable=not progress, desc=f"fa-lab bench ({WORLD})", unit="case")
+    with tqdm(todo, disable=not progress, desc=f"fa-lab bench ({WORLD})", unit="case") as bar:
+        yield from _measure_cases(bar, last, timing, device, suite, seed, check, max_ms)
+
+
+def _measure_cases(bar, last, timing, device, suite, seed, check, max_ms):
+    """``iter_suite``'s loop: one record per case of ``bar``."""
     for impl, shape, dtype, causal, win, mode in bar:
         bar.set_postfix_str(f"{impl} {shape.label} {dtype} {mode}", refresh=False)
         n_k = shape.n_k or shape.n_q
@@ -187,13 +204,12 @@ def iter_suite(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd"
         else:
             rec = dict(impl=impl, **{k: v for k, v in shape.kwargs().items()}, status=status)
             rec.update(n_q=shape.n_q, n_k=n_k, kv_heads=shape.kv_heads or shape.heads,
-                       dtype=str(as_dtype(dtype)).replace("torch.", ""), causal=causal, mode=mode, world=WORLD)
+                       dtype=long_name(dtype), causal=causal, mode=mode, world=WORLD)
         rec.update(suite=suite, shape=shape.label, flops=flops, device=device, io_bytes=io_bytes(shape, dtype, mode),
                    mask="window" if tuple(win) != (-1, -1) else ("causal" if causal else "none"),
                    window_left=win[0], window_right=win[1], causal=causal)
-        rec.setdefault("timer", "cuda-events (do_bench)" if ON_GPU else "wall-clock (CPU simulator/interpreter)")
+        rec.setdefault("timer", GPU_TIMER if ON_GPU else CPU_TIMER)
         yield {c: rec.get(c) for c in COLUMNS}
-    bar.close()
 
 
 def compare(records, *, baseline):
@@ -229,40 +245,15 @@ def compare(records, *, baseline):
 
 # ----------------------------------------------------------------------------- output
 
-def to_frame(records):
-    import pandas as pd
-
-    df = pd.DataFrame.from_records(list(records))
-    return df.reindex(columns=COLUMNS + [c for c in df.columns if c not in COLUMNS])
-
-
-def metadata(command: str | None = None, **extra) -> dict:
-    """The facts of this machine that travel with every result file."""
-    from fa_lab.bench.records import _driver
-
-    meta = describe()
-    meta.update(driver=_driver() if ON_GPU else None,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                command=command, **extra)
-    return meta
-
-
 def save(records, path, *, command: str | None = None, **extra) -> tuple[Path, Path]:
-    """Write ``path`` as CSV (``.csv``) and ``{"meta", "records"}`` JSON beside it (``.json``)."""
+    """Write ``path`` as CSV (``.csv``) and as a recording (``.json``, ``fa_lab.bench.records``) beside it."""
     path = Path(path)
-    csv_path = path.with_suffix(".csv")
-    json_path = path.with_suffix(".json")
+    csv_path, json_path = path.with_suffix(".csv"), path.with_suffix(".json")
     csv_path.parent.mkdir(parents=True, exist_ok=True)
+    records = list(records)
     to_frame(records).to_csv(csv_path, index=False)
-    meta = json.dumps(metadata(command, **extra), indent=1, default=str)
-    rows = ",\n".join(json.dumps(_jsonable(r), default=str) for r in records)   # one record a line: diffable
-    json_path.write_text(f'{{"meta": {meta},\n"records": [\n{rows}\n]}}\n')
+    recordings.write(json_path, records, recordings.metadata(command, **extra))
     return csv_path, json_path
-
-
-def _jsonable(r: dict) -> dict:
-    # NaN/inf are not JSON: write null
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
 
 
 def _fmt_ms(r) -> str:
@@ -301,7 +292,7 @@ def table(records, *, title=None, console=None):
     return t
 
 
-def plot(records, path=None, *, title=None):
+def plot_suite(records, path=None, *, title=None):
     """TFLOP/s and extra memory against N, a line per implementation (and dtype, when several).
 
     With a single N, a bar chart of p50 per implementation and shape instead.  Saved to
@@ -321,20 +312,13 @@ def plot(records, path=None, *, title=None):
         ax.set_axis_off()
     elif ok["n_q"].nunique() > 1:
         fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4))
-        several = ok["dtype"].nunique() > 1
-        for (impl, dtype), part in ok.groupby(["impl", "dtype"], sort=False):
-            part = part.groupby("n_q", as_index=False).agg(tflops=("tflops", "median"),
-                                                          mem=("peak_extra_bytes", "median"))
-            label = f"{impl} {dtype}" if several else impl
-            ax_t.plot(part["n_q"], part["tflops"], marker="o", label=label)
-            ax_m.plot(part["n_q"], part["mem"] / 2**20, marker="o", label=label)
-        for ax, ylabel in ((ax_t, "TFLOP/s"), (ax_m, "peak extra memory (MiB)")):
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("sequence length N")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, alpha=0.3)
-        ax_m.set_yscale("log")
-        ax_t.legend(fontsize="small")
+        series = ok["impl"] + (" " + ok["dtype"] if ok["dtype"].nunique() > 1 else "")
+        ok = ok.assign(series=series, extra_mib=ok["peak_extra_bytes"] / 2**20)
+        plot(ok.to_dict("records"), x="n_q", y="tflops", hue="series", ax=ax_t, logy=False, title="")
+        plot(ok.to_dict("records"), x="n_q", y="extra_mib", hue="series", ax=ax_m, title="")
+        ax_t.set(xlabel="sequence length N", ylabel="TFLOP/s")
+        ax_m.set(xlabel="sequence length N", ylabel="peak extra memory (MiB)")
+        ax_m.get_legend().remove()
     else:
         fig, ax = plt.subplots(figsize=(8, 0.35 * len(ok) + 1.5))
         labels = [f"{r.impl} {r.dtype} {r.mode} {r.shape}" for r in ok.itertuples()]

@@ -1,7 +1,8 @@
 """One registry of implementations, used by the book, the benchmarks, the grader and the tests.
 
 A kernel appears everywhere by being registered once, with what it supports.  The
-registry (not each kernel) turns an unsupported request into a clear ``ValueError``.
+registry (not each kernel) turns an unsupported request into a clear ``ValueError``:
+``checked_spec`` is the one check every entry point calls before it runs a kernel.
 """
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Callable
 
 import torch
 
-from fa_lab.core.spec import AttentionSpec
+from fa_lab.core.dtypes import long_name
+from fa_lab.core.spec import AttentionSpec, make_spec
+from fa_lab.core.world import WORLD, import_order_problem
 
 #: Modules that register implementations when imported, in the book's order.
 IMPLEMENTATION_MODULES = [
@@ -23,13 +26,10 @@ IMPLEMENTATION_MODULES = [
     "fa_lab.kernels.numba.steps",    # chapter 3: its steps, numba_rowwise, numba_smem, numba_regtile
     "fa_lab.kernels.triton.fwd",     # chapter 4: `triton`
     "fa_lab.kernels.triton.steps",   # chapter 4: its steps, triton_minimal ... triton_autotuned
-    "fa_lab.kernels.torch_tiled",    # chapter 5: `torch_tiled`
-    "fa_lab.autograd",       # chapter 5: `flash_triton`, `torch_compile_bwd`
+    "fa_lab.autograd",               # chapter 5: `torch_tiled`, `flash_triton`, `torch_compile_bwd`
 ]
 
 ALL_MASKS = ("none", "causal", "window")
-_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16",
-                torch.float32: "float32", torch.float64: "float64"}
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,14 @@ class Implementation:
     worlds: tuple = ("cpu", "gpu")        # where it runs: "gpu" real CUDA, "cpu" simulator/host
     gqa: bool = True
     backward: bool = False
+    autograd: bool = False                # no backward of its own, but PyTorch autograd differentiates its ops
     host_only: bool = False               # runs on the host (NumPy / Numba @njit): any tensor device, copied
+    any_device: bool = False              # plain PyTorch ops: runs on whatever device its tensors are on
+    #: the library whose kernels it launches ("numba.cuda" or "triton"), tied to the world's mode of it;
+    #: left out, it is read from where ``fn`` is defined (fa_lab.kernels.numba / fa_lab.kernels.triton)
+    backend: str | None = None
+    #: limits beyond dtypes, masks and the head-dim range: spec -> why not (None if fine)
+    limits: Callable | None = None
     extra_memory: Callable | None = None  # spec -> bytes of workspace beyond inputs and outputs (model)
     notes: str = ""
     #: the chapter's final implementation this one is an intermediate step towards (None: not a step)
@@ -55,7 +62,7 @@ class Implementation:
 
     @property
     def dtype_names(self) -> list[str]:
-        return [_DTYPE_NAMES[d] for d in self.dtypes]
+        return [long_name(d) for d in self.dtypes]
 
     def unsupported(self, spec: AttentionSpec, world: str) -> str | None:
         """Why this implementation cannot run ``spec`` in ``world`` (None if it can)."""
@@ -70,11 +77,19 @@ class Implementation:
             return f"implementation {self.name!r} supports head dims {lo}..{hi}, got {spec.head_dim}"
         if spec.group > 1 and not self.gqa:
             return f"implementation {self.name!r} does not support grouped-query attention (H={spec.heads}, Hkv={spec.kv_heads})"
-        if not self.host_only:
+        if not (self.host_only or self.any_device):   # a kernel tied to the world's device
             want = "cuda" if world == "gpu" else "cpu"
             if spec.device.type != want:
-                return (f"implementation {self.name!r} in the {world} world expects {want} tensors, "
-                        f"got {spec.device.type} (use fa_lab.DEVICE)")
+                return (f"implementation {self.name!r} ({self.backend or 'kernels'}) in the {world} world "
+                        f"expects {want} tensors, got tensors on {spec.device} (use fa_lab.DEVICE)")
+        if self.limits is not None:
+            why = self.limits(spec)
+            if why:
+                return f"implementation {self.name!r}: {why}"
+        if world == WORLD:
+            why = import_order_problem(self.backend)
+            if why:
+                return f"implementation {self.name!r} cannot run: {why}"
         return None
 
 
@@ -88,10 +103,43 @@ def register(name: str, **info):
     def wrap(fn):
         if name in _REGISTRY:
             raise ValueError(f"implementation {name!r} is registered twice")
+        info.setdefault("backend", _backend_of(fn))
         _REGISTRY[name] = Implementation(name=name, fn=fn, **info)
         return fn
 
     return wrap
+
+
+def _backend_of(fn) -> str | None:
+    module = getattr(fn, "__module__", "") or ""
+    for package, backend in (("fa_lab.kernels.numba.", "numba.cuda"), ("fa_lab.kernels.triton", "triton")):
+        if module.startswith(package):
+            return backend
+    return None
+
+
+def checked_spec(impl: str, q, k, v, **mask) -> tuple[Implementation, AttentionSpec]:
+    """The one input check: validate ``q, k, v`` and the mask, and refuse what ``impl`` cannot run.
+
+    Returns ``(implementation, spec)``.  Raises ValueError/TypeError naming what was expected —
+    including inputs that require grad for an implementation without a backward, whose output
+    would otherwise silently carry no gradient.
+    """
+    implementation = get(impl)
+    spec = make_spec(q, k, v, **mask)
+    if spec.device.type == "meta":   # a spec may describe shapes alone (the models do); a run needs data
+        raise ValueError("q, k, v are meta tensors (shapes without data): attention needs real tensors; "
+                         "allocate them on a device such as fa_lab.DEVICE")
+    why = implementation.unsupported(spec, WORLD)
+    if why:
+        raise ValueError(why)
+    if not (implementation.backward or implementation.autograd) and torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad):
+        with_backward = ", ".join(n for n, i in implementations().items() if i.backward)
+        raise ValueError(f"implementation {impl!r} has no backward pass, but q, k or v requires grad: its output "
+                         f"would carry no gradient. Use one with a backward ({with_backward}), or call it "
+                         "under torch.no_grad() or on detached tensors.")
+    return implementation, spec
 
 
 def _load_all() -> None:
@@ -109,8 +157,6 @@ def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
     head dims, worlds and whether it has a backward.  ``runnable=True`` keeps only
     those that run in the current world.
     """
-    from fa_lab.core.world import WORLD
-
     _load_all()
     # by chapter (stable within one), whatever order the modules happened to be imported in
     ordered = sorted(_REGISTRY.values(), key=lambda impl: impl.chapter)

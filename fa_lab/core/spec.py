@@ -6,13 +6,17 @@ ever sees a shape it would silently mis-index.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fa_lab.core.masks import effective_window, mask_kind
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: kernels compute the scale in float32: a larger one is infinite there
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,37 @@ def _check_tensor(name: str, t) -> None:
         raise TypeError(f"{name} must be a floating tensor (float16, bfloat16, float32 or float64), got {t.dtype}")
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_))
+
+
+def _check_causal(causal) -> bool:
+    # bool("no") is True: anything but a real bool would be read as some mask the caller did not mean
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal (is_causal) must be a bool, got {type(causal).__name__} {causal!r}")
+    return bool(causal)
+
+
+def _check_window(window) -> tuple[int, int]:
+    if not isinstance(window, (tuple, list)) or len(window) != 2 or not all(_is_int(w) for w in window):
+        raise TypeError(f"window must be a pair of ints (left, right), -1 for unbounded; got {window!r}")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window sizes must be >= 0, or -1 for unbounded; got {window!r}")
+    return left, right
+
+
+def _check_scale(scale) -> float:
+    if not isinstance(scale, numbers.Real) or isinstance(scale, (bool, np.bool_)):
+        raise TypeError(f"scale must be a real number (or None for 1/sqrt(head_dim)), got {type(scale).__name__} "
+                        f"{scale!r}")
+    scale = float(scale)
+    if not math.isfinite(scale) or abs(scale) > FLOAT32_MAX:
+        raise ValueError(f"scale must be a finite number that float32 can hold (|scale| <= {FLOAT32_MAX:.3g}), "
+                         f"got {scale}")
+    return scale
+
+
 def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> AttentionSpec:
     """Validate ``q, k, v`` and the mask, and describe the problem."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -80,19 +115,9 @@ def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> 
         raise ValueError(f"v must have the same head dim as q ({D}), got {Dv}")
     if min(B, H, Nq, Nk, D) == 0:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    try:
-        left, right = (int(w) for w in window)
-    except (TypeError, ValueError):
-        raise TypeError(f"window must be a pair of ints (left, right), -1 for unbounded; got {window!r}") from None
-    if left < -1 or right < -1:
-        raise ValueError(f"window sizes must be >= 0, or -1 for unbounded; got {window!r}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale}")
+    causal = _check_causal(causal)
+    left, right = _check_window(window)
+    scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
     eff_left, eff_right = effective_window(causal, (left, right))
     return AttentionSpec(B, H, Hkv, Nq, Nk, D, Dv, scale, causal, (left, right),
                          eff_left, eff_right, q.dtype, device)

@@ -29,17 +29,44 @@ ON_GPU: bool = WORLD == "gpu"
 #: the torch device every notebook and test allocates on
 DEVICE: torch.device = torch.device("cuda" if ON_GPU else "cpu")
 
+
+def _imported_too_early() -> dict[str, str]:
+    """Libraries already imported without their CPU-world switch: their kernels would look for a GPU.
+
+    Numba reads ``NUMBA_ENABLE_CUDASIM`` and Triton ``TRITON_INTERPRET`` when they are imported;
+    what was imported before ``fa_lab`` set them keeps the setting it found.
+    """
+    late = {}
+    numba = sys.modules.get("numba")
+    if numba is not None and str(getattr(getattr(numba, "config", None), "ENABLE_CUDASIM", "0")) != "1":
+        late["numba.cuda"] = "numba"
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("1", "true", "on"):
+        late["triton"] = "triton"
+    return late
+
+
+#: backend ("numba.cuda", "triton") -> the module imported before fa_lab without the CPU world's switch
+_LATE: dict[str, str] = {} if ON_GPU else _imported_too_early()
+_FIX = ("import fa_lab before numba/triton, or set NUMBA_ENABLE_CUDASIM=1 and TRITON_INTERPRET=1 "
+        "before importing them; restart the kernel (or the Python process)")
+
 if not ON_GPU:
-    _late = [m for m in ("numba", "triton") if m in sys.modules]
-    if _late:
-        warnings.warn(
-            f"{', '.join(_late)} was imported before fa_lab: the CPU simulator/interpreter may be off. "
-            "Import fa_lab first (or set NUMBA_ENABLE_CUDASIM=1 TRITON_INTERPRET=1 yourself).",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    if _LATE:
+        warnings.warn(f"{', '.join(sorted(set(_LATE.values())))} was imported before fa_lab, without the CPU "
+                      f"world's simulator/interpreter switch: its kernels will refuse to run. To fix: {_FIX}.",
+                      RuntimeWarning, stacklevel=2)
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def import_order_problem(backend: str | None) -> str | None:
+    """Why kernels of ``backend`` cannot run in this process (None if they can)."""
+    module = _LATE.get(backend) if backend else None
+    if module is None:
+        return None
+    return (f"{module} was imported before fa_lab without the CPU world's switch, so its kernels would look "
+            f"for a CUDA GPU this machine does not have. To fix: {_FIX}.")
+
 
 # Numba warns about small grids on every launch; the book launches small grids on purpose
 # (the simulator, tiny test shapes), and the warning would drown the notebooks' output.

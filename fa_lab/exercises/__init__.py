@@ -10,60 +10,41 @@ Each chapter's exercises live in ``fa_lab/exercises/chN.py``; the learner's note
 are in ``exercises/`` and the solutions stay here, out of the learner's notebook.
 ``fa-lab grade exercises/`` executes the notebooks from a fresh kernel and prints a
 score table (``--json`` for a gradebook, ``--solutions`` to fill in the solutions).
+
+The machinery, one idea per module: ``registry`` (what an exercise is, and where they are
+kept), ``runner`` (``run_check``: every planned case, scored), ``guard`` (calling the
+learner's code in a thread, with a time limit, catching everything it throws), ``judge``
+(fresh inputs, expected outputs, comparing, diagnoses), ``feedback`` (what a wrong tensor
+teaches), ``structure`` (how the result was computed), ``result`` (the table a check shows).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 
-from fa_lab.exercises.core import DEFAULT_SEEDS, DEFAULT_TIMEOUT, Case, CheckResult, Exercise, Mistake, _EXERCISES, register_exercise, run_check
+from fa_lab.exercises.guard import safe_text
+from fa_lab.exercises.registry import (
+    CHAPTER_MODULES,
+    Case,
+    Exercise,
+    Mistake,
+    describe,
+    get,
+    names,
+    reference,
+    register_exercise,
+)
+from fa_lab.exercises.result import CheckResult
+from fa_lab.exercises.runner import DEFAULT_SEEDS, DEFAULT_TIMEOUT, max_score, plan, run_check
 from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget, SimLoadBudget, StructureCheck
 
 #: set by ``fa-lab grade``: every check() appends its result here (one JSON object per line),
 #: with the default seeds and time limit whatever the notebook asked for
 GRADE_LOG_ENV = "FA_LAB_GRADE_LOG"
 
-#: one module per chapter; each registers its exercises on import
-CHAPTER_MODULES = [
-    "fa_lab.exercises.ch1",
-    "fa_lab.exercises.ch2",
-    "fa_lab.exercises.ch3",
-    "fa_lab.exercises.ch4",
-    "fa_lab.exercises.ch5",
-    "fa_lab.exercises.ch6",
-]
-
-__all__ = ["names", "reference", "check", "describe", "get", "Case", "CheckResult", "Exercise", "Mistake",
-           "register_exercise", "NoQuadraticBuffer", "ReadBudget", "SimLoadBudget", "StructureCheck"]
-
-
-def _load():
-    for mod in CHAPTER_MODULES:
-        importlib.import_module(mod)
-    return _EXERCISES
-
-
-def names(chapter: int | None = None) -> list[str]:
-    """Registered exercise names (optionally one chapter's)."""
-    return [n for n, ex in _load().items() if chapter is None or ex.chapter == chapter]
-
-
-def get(name: str) -> Exercise:
-    exercises = _load()
-    if name not in exercises:
-        raise ValueError(f"unknown exercise {name!r}; known exercises: {', '.join(exercises)}")
-    return exercises[name]
-
-
-def reference(name: str):
-    """The solution, a callable with the signature the exercise asks for."""
-    return get(name).solution
-
-
-def describe(name: str) -> str:
-    ex = get(name)
-    return f"{ex.title}\n  write: {ex.signature}\n  {ex.hint}".rstrip()
+__all__ = ["names", "reference", "check", "describe", "get", "max_score", "plan", "Case", "CheckResult", "Exercise",
+           "Mistake", "register_exercise", "NoQuadraticBuffer", "ReadBudget", "SimLoadBudget", "StructureCheck",
+           "CHAPTER_MODULES", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "GRADE_LOG_ENV"]
 
 
 def check(name: str, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:
@@ -73,8 +54,8 @@ def check(name: str, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOU
         seeds, timeout = DEFAULT_SEEDS, DEFAULT_TIMEOUT
     try:
         ex = get(name)
-    except ValueError as exc:
-        result = CheckResult(str(name), "unknown exercise")
+    except (TypeError, ValueError) as exc:
+        result = CheckResult(safe_text(name, str, 80), "unknown exercise")
         result.rows.append(dict(case="exercise name", kind="values", passed=False, message=str(exc)))
     else:
         result = run_check(ex, fn, seeds=seeds, timeout=timeout)

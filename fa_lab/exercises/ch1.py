@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 
 # lengths deliberately not multiples of 16, N = 1 (alone and as a decoding step), Nq != Nk both ways
 _LENGTHS = [(1, 1), (1, 19), (17, 17), (5, 23), (23, 9), (33, 40)]

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget
 
 

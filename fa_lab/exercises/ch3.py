@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
-
+from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 
 # --------------------------------------------------------------------------- solutions
 
@@ -81,7 +80,8 @@ def _mask_cases(seed):
     ]
     cases = []
     for m0, n0, nq, nk, left, right, note in specs:
-        cases.append(Case(f"m_start={m0} n_start={n0} tile {bm}x{bn} n_q={nq} n_k={nk} window=({left}, {right}) — {note}",
+        label = f"m_start={m0} n_start={n0} tile {bm}x{bn} n_q={nq} n_k={nk} window=({left}, {right}) — {note}"
+        cases.append(Case(label,
                           (m0, n0, bm, bn, nq, nk, left, right),
                           meta=dict(n_q=nq, n_k=nk, window=(left, right))))
     nq, nk = (int(x) for x in torch.randint(3, 40, (2,), generator=g))
@@ -137,7 +137,8 @@ def _update_cases(seed):
                       (*empty, torch.randn(rows, keys, generator=g) * 3, v)))
     cases.append(Case("random state and tile", (*state(), torch.randn(rows, keys, generator=g) * 3, v)))
     m, l, acc = state()
-    cases.append(Case("the tile raises every row's max (by ~20)", (m, l, acc, m[:, None] + 20 + torch.rand(rows, keys, generator=g), v)))
+    cases.append(Case("the tile raises every row's max (by ~20)",
+                      (m, l, acc, m[:, None] + 20 + torch.rand(rows, keys, generator=g), v)))
     s = torch.randn(rows, keys, generator=g) * 3
     s[:, 2:] = ninf
     s[1] = ninf
@@ -146,7 +147,8 @@ def _update_cases(seed):
     s[::2] = ninf
     cases.append(Case("rows that saw no key so far and see none here stay empty (no NaN)", (*empty, s, v)))
     m, l, acc = state(scale=50.0)
-    cases.append(Case("state and tile maxima far apart (±150)", (m * 3, l, acc, -m[:, None] * 3 + torch.randn(rows, keys, generator=g), v)))
+    cases.append(Case("state and tile maxima far apart (±150)",
+                      (m * 3, l, acc, -m[:, None] * 3 + torch.randn(rows, keys, generator=g), v)))
     return cases
 
 
@@ -154,8 +156,9 @@ def _update_cases(seed):
 
 def _compare_tiles(got, expected, case):
     if not isinstance(got, (range, list, tuple)):
-        raise AssertionError(f"expected a range of tile starts (e.g. range(first, stop, block_n)), got {type(got).__name__}"
-                             + (" (None: did you forget the `return`?)" if got is None else ""))
+        forgot = " (None: did you forget the `return`?)" if got is None else ""
+        raise AssertionError("expected a range of tile starts (e.g. range(first, stop, block_n)), "
+                             f"got {type(got).__name__}{forgot}")
     got_l, exp_l = [int(x) for x in got], list(expected)
     if got_l == exp_l:
         return

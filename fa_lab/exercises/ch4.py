@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 
 
 def key_block_ranges(m_start, block_m, block_n, n_q, n_k, left=-1, right=-1):
@@ -26,9 +26,9 @@ def key_block_ranges(m_start, block_m, block_n, n_q, n_k, left=-1, right=-1):
     ``range(lo, mid_lo, block_n)`` with a mask, ``range(mid_lo, mid_hi, block_n)`` without
     one, and ``range(mid_hi, hi, block_n)`` with a mask.  Query ``i`` sees key ``j`` when
     ``i + n_k - n_q - left <= j <= i + n_k - n_q + right`` (``-1`` = unbounded) and ``0 <= j < n_k``.
-    (The solution is the kernel's own arithmetic, ``fa_lab.kernels.triton.fwd.key_block_ranges``.)
+    (The solution is the kernel's own arithmetic, ``fa_lab.kernels.triton.key_block_ranges``.)
     """
-    from fa_lab.kernels.triton.fwd import key_block_ranges as kernel_ranges
+    from fa_lab.kernels.triton import key_block_ranges as kernel_ranges
 
     return kernel_ranges(m_start, block_m, block_n, n_q, n_k, left, right)
 
@@ -253,7 +253,8 @@ def _variant(q, k, v, causal, temperature=1.0, top_left=False):
 
 FLASH_MISTAKES = (
     Mistake("exp2 without LOG2E", _softmax_base_e_with_log2_scale,
-            "exp(x) = exp2(x · log2 e): fold LOG2E into the scale (qk_scale = scale · 1.4427) when you switch to exp2."),
+            "exp(x) = exp2(x · log2 e): fold LOG2E into the scale (qk_scale = scale · 1.4427) "
+            "when you switch to exp2."),
     Mistake("lse left in log2 units", _lse_in_log2,
             "with m_i and l_i in base 2, lse = (m_i + log2(l_i)) · ln 2 (natural log, as the backward expects)."),
     Mistake("a top-left causal mask", _top_left_causal,

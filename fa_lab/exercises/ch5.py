@@ -15,7 +15,7 @@ import math
 import torch
 
 from fa_lab.core.masks import visible
-from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 
 
 def _visible(n_q, n_k, causal, device=None):

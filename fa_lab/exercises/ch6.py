@@ -1,7 +1,7 @@
 """Chapter 6 exercise: count the HBM bytes of the tiled FlashAttention forward."""
 from __future__ import annotations
 
-from fa_lab.exercises.core import Case, Exercise, Mistake, register_exercise
+from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 
 LSE_BYTES = 4  # lse is float32 whatever the input dtype
 

@@ -103,7 +103,8 @@ def locate(index: tuple, shape: tuple, *, tile=(None, None), meta: dict | None =
             col = index[-1]
             pid_n = col // block_n
             tail = " — the tail tile" if (pid_n + 1) * block_n > n_k else ""
-            bits.append(f"key {col} is in key tile {pid_n} (keys {pid_n * block_n}-{min(n_k, (pid_n + 1) * block_n) - 1}){tail}")
+            last = min(n_k, (pid_n + 1) * block_n) - 1
+            bits.append(f"key {col} is in key tile {pid_n} (keys {pid_n * block_n}-{last}){tail}")
         else:
             win = _window(meta)
             n_q = meta.get("n_q", n_rows)
@@ -165,7 +166,8 @@ def check_like(got, expected: torch.Tensor, *, what: str, expected_dtype: torch.
         if tuple(got.shape) == tuple(expected.shape)[::-1] and got.dim() > 1:
             hint = " — transposed?"
         elif got.numel() == expected.numel():
-            hint = " — the right number of elements, in the wrong shape (a missing keepdim, or a view in the wrong order?)"
+            hint = (" — the right number of elements, in the wrong shape "
+                    "(a missing keepdim, or a view in the wrong order?)")
         elif [s for s in got.shape if s != 1] == [s for s in expected.shape if s != 1]:
             hint = " — an extra or missing dimension of size 1 (keepdim? squeeze?)"
         raise AssertionError(f"{what}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}{hint}")
@@ -253,9 +255,9 @@ def heatmap_png(m: Mismatch, title: str = "") -> str | None:
     if m.got is None or m.got.numel() == 0:
         return None
     try:
+        import matplotlib
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        import matplotlib
     except Exception:  # no matplotlib: the table alone still teaches
         return None
     e = m.expected.clone()

@@ -73,8 +73,8 @@ def fill_solutions(nb):
         if fn:
             by_cell.setdefault(i, []).append((name, fn))
     for i in sorted(by_cell, reverse=True):
-        lines = ["from fa_lab.exercises import reference as _fa_lab_reference"]
-        lines += [f'{fn} = _fa_lab_reference("{name}")' for name, fn in by_cell[i]]
+        lines = ["from fa_lab.exercises import reference as fa_lab_reference"]
+        lines += [f'{fn} = fa_lab_reference("{name}")' for name, fn in by_cell[i]]
         nb.cells.insert(i, nbformat.v4.new_code_cell("\n".join(lines)))
     return nb
 
@@ -87,11 +87,10 @@ def _package_root() -> str:
 
 
 def _planned_max(name: str) -> int:
-    from fa_lab.exercises import get
-    from fa_lab.exercises import core
+    from fa_lab.exercises import get, max_score
 
     try:
-        return core.max_score(get(name))
+        return max_score(get(name))
     except Exception:  # unknown name or broken exercise: the check itself says so
         return 0
 

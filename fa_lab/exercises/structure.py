@@ -16,7 +16,7 @@ thread that runs the learner's code) and judge afterwards:
 
 A check applies to the cases whose ``meta`` has ``structure=True`` (large enough that a
 tile is clearly smaller than Nq·Nk), unless it overrides ``applies``.  Kernel-style
-exercises that write into output arguments get those poisoned by ``core`` directly
+exercises that write into output arguments get those poisoned by ``judge.prepare_args``
 (``Exercise.out_args``); NumPy code, and Numba code outside the simulator, is not seen.
 """
 from __future__ import annotations

@@ -33,9 +33,10 @@ def naive_numpy(q, k, v, spec):
             m = np.where(np.isinf(m), 0, m)          # rows that see no key: avoid -inf - -inf
             P = np.exp(S - m)
             l = P.sum(axis=1, keepdims=True)
-            seen = l[:, 0] > 0
+            # rows that see a key, from the mask (not from l > 0: a NaN input makes l NaN, and NaN must come out)
+            seen = ok.any(axis=1)
             o[b, h, seen] = (P[seen] / l[seen]) @ V[b, hk]
-            lse[b, h, seen] = (m + np.log(np.where(l > 0, l, 1)))[seen, 0]
+            lse[b, h, seen] = m[seen, 0] + np.log(l[seen, 0])
     return torch.from_numpy(o).to(q.device), torch.from_numpy(lse).to(q.device)
 
 
@@ -44,15 +45,18 @@ def naive_torch(q, k, v, spec):
     if spec.group > 1:  # a copy of K and V per query head: the simple, memory-hungry way
         k = k.repeat_interleave(spec.group, dim=1)
         v = v.repeat_interleave(spec.group, dim=1)
-    # scores in float32 (float64 stays float64): fp16 scores would overflow long before the softmax
-    S = torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * spec.scale
+    # Everything in float32 (float64 stays float64), cast once at the end: fp16 products of
+    # large logits overflow to inf (then NaN rows), and bf16 ones lose 3 digits before the softmax.
+    work = torch.promote_types(q.dtype, torch.float32)
+    S = torch.matmul(q.to(work), k.to(work).transpose(-1, -2)) * spec.scale
     ok = visible(spec.n_q, spec.n_k, spec.left, spec.right, device=q.device)
     S = S.masked_fill(~ok, float("-inf"))
     lse = torch.logsumexp(S, dim=-1)
     # A row that sees no key has lse = -inf; exp(S - lse) would be NaN there, and must be 0.
-    P = torch.exp(S - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
-    o = torch.matmul(P.to(v.dtype), v)
-    return o, lse
+    # (A NaN lse — NaN in the input — stays NaN, and so does the row.)
+    P = torch.exp(S - torch.where(torch.isneginf(lse), 0.0, lse).unsqueeze(-1))
+    o = torch.matmul(P, v.to(work))
+    return o.to(q.dtype), lse
 
 
 register(
@@ -65,6 +69,7 @@ register(
 register(
     "naive_torch", chapter=1,
     description="PyTorch, materialises S and P (B·H·Nq·Nk floats each): the N² memory wall",
-    dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
-    extra_memory=lambda s: _naive_scores_memory(s, 4) + 2 * s.batch * s.heads * s.n_q * s.n_k,
+    dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), any_device=True,
+    autograd=True,   # chapter 5 differentiates it to show what a naive backward keeps: S and P
+    extra_memory=lambda s: _naive_scores_memory(s, 4),   # S and P in float32
 )(naive_torch)

@@ -17,7 +17,8 @@ from fa_lab.core.registry import register
 
 
 @njit(parallel=True, cache=True)
-def _online_attention(Q, K, V, scale, left, right, O, LSE):
+def online_attention_kernel(Q, K, V, scale, left, right, O, LSE):
+    """O and LSE of every query row, each row one pass over its visible keys (float arrays, in place)."""
     B, H, Nq, D = Q.shape
     Hkv, Nk = K.shape[1], K.shape[2]
     group = H // Hkv
@@ -44,7 +45,9 @@ def _online_attention(Q, K, V, scale, left, right, O, LSE):
             for d in range(D):
                 acc[d] = acc[d] * alpha + p * V[b, hk, j, d]
             m_i = m_new
-        if l_i > 0.0:
+        # Whether the row sees a key comes from the mask, not from l_i > 0: a NaN in the
+        # input makes l_i NaN, and NaN must come out, not an empty row.
+        if hi > lo:
             for d in range(D):
                 O[b, h, i, d] = acc[d] / l_i
             LSE[b, h, i] = m_i + math.log(l_i)
@@ -59,7 +62,7 @@ def online_numba(q, k, v, spec):
     Q, K, V = (t.detach().cpu().to(work).contiguous().numpy() for t in (q, k, v))
     O = np.empty_like(Q)
     LSE = np.empty(Q.shape[:3], dtype=Q.dtype)
-    _online_attention(Q, K, V, spec.scale, spec.left, spec.right, O, LSE)
+    online_attention_kernel(Q, K, V, spec.scale, spec.left, spec.right, O, LSE)
     return torch.from_numpy(O).to(q.device), torch.from_numpy(LSE).to(q.device)
 
 

@@ -11,8 +11,9 @@ The backward pass keeps only ``Q, K, V, O`` and the log-sum-exp ``lse`` of each 
     dQ = scale · dS K
     dK = scale · dSᵀ Q
 
-``Recompute`` is the ``torch.autograd.Function`` that every chapter-5 engine plugs into:
-this module's tiles in PyTorch, and the Triton kernels of ``fa_lab.kernels.triton.bwd``.
+``fa_lab.autograd.Recompute`` is the ``torch.autograd.Function`` that every chapter-5 engine
+plugs into: this module's tiles in PyTorch, and the Triton kernels of ``fa_lab.kernels.triton``;
+``fa_lab.autograd`` registers them (``torch_tiled``, ``flash_triton``).
 
 Also here: ``dense_backward``, the same formulas on whole (Nq, Nk) matrices, and its
 ``torch.compile``d version — the intermediate step a course assignment takes before
@@ -25,7 +26,6 @@ import os
 import torch
 
 from fa_lab.core.masks import block_key_range, key_range, tile_visible, visible
-from fa_lab.core.registry import register
 from fa_lab.core.world import ON_GPU, pick
 
 
@@ -151,32 +151,6 @@ def tiled_backward(q, k, v, o, lse, do, spec, dlse=None, block_m: int | None = N
     return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class Recompute(torch.autograd.Function):
-    """Attention whose backward recomputes P: saves exactly ``q, k, v, o, lse``.
-
-    ``Recompute.apply(q, k, v, spec, forward, backward)`` with ``forward(q, k, v, spec) -> (o, lse)``
-    and ``backward(q, k, v, o, lse, do, spec, dlse) -> (dq, dk, dv)``: one Function for every
-    engine of the chapter (PyTorch tiles, torch.compile, Triton kernels).  Returns ``(o, lse)``;
-    both are differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, spec, forward, backward):
-        o, lse = forward(q, k, v, spec)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.spec, ctx.engine_backward = spec, backward
-        ctx.set_materialize_grads(False)   # a None gradient is skipped, not a tensor of zeros
-        return o, lse
-
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
-        dq, dk, dv = ctx.engine_backward(q, k, v, o, lse, do.contiguous(), ctx.spec, dlse)
-        return dq, dk, dv, None, None, None
-
-
 def dense_backward(q, k, v, o, lse, do, scale: float, left: int, right: int, dlse=None):
     """The backward formulas on whole matrices (P is (Nq, Nk) per head: quadratic, but only here).
 
@@ -219,16 +193,3 @@ def compiled_backward(q, k, v, o, lse, do, spec, dlse=None):
     """An engine backward (``Recompute``'s signature) that runs ``dense_backward`` through torch.compile."""
     return compiled_dense_backward()(q, k, v, o, lse, do, spec.scale, spec.left, spec.right, dlse)
 
-
-def torch_tiled(q, k, v, spec):
-    return Recompute.apply(q, k, v, spec, tiled_forward, tiled_backward)
-
-
-register(
-    "torch_tiled", chapter=5,
-    description="FlashAttention-2 forward and backward in tiles, plain PyTorch ops (autograd.Function, recomputes P)",
-    dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
-    backward=True,
-    # one (block_m, block_n) tile of S and P, in the work dtype, per (batch, head)
-    extra_memory=lambda s: 2 * 4 * s.batch * s.heads * min(s.n_q, pick(16, 128)) * min(s.n_k, pick(16, 128)),
-)(torch_tiled)

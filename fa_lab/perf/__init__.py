@@ -2,12 +2,15 @@
 and correlate it with what the GPU measures (``fa-lab correlate``).
 
 * ``devices`` — GPU presets (datasheet peaks) and ``Device.with_ceilings`` for measured ones;
-* ``model`` — counts for naive attention, the FlashAttention forward and backward, and ``predict``;
+* ``model`` — the problem, and counts for naive attention, the FlashAttention forward and backward;
+* ``roofline`` — ``predict``: a time from the counts on a device; ``attainable``: the roofline itself;
 * ``hardware`` — measuring ceilings and kernels on a GPU (SDPA backends or any registered kernel);
 * ``correlate`` — calibration shapes, report shapes, and the predicted-vs-measured table.
 """
 from fa_lab.perf.devices import DEVICES, Device, device_names, get_device, select, sim_device_names
-from fa_lab.perf.model import ALGORITHMS, MASKS, Counts, Prediction, Problem, attainable, count, flash_backward_counts, flash_forward_counts, naive_counts, predict, tiles, visible_pairs
+from fa_lab.perf.model import (ALGORITHMS, MASKS, Counts, Problem, count, flash_backward_counts, flash_forward_counts,
+                               naive_counts, tiles, visible_pairs)
+from fa_lab.perf.roofline import Prediction, attainable, predict
 
 __all__ = ["DEVICES", "Device", "device_names", "get_device", "select", "sim_device_names", "ALGORITHMS", "MASKS",
            "Counts", "Prediction", "Problem", "attainable", "count", "flash_backward_counts", "flash_forward_counts",

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fa_lab.bench.peers import canonical_name
 from fa_lab.perf.devices import Device
-from fa_lab.perf.model import Problem, count, predict
+from fa_lab.perf.model import MASK_ALIASES, Problem, count
+from fa_lab.perf.roofline import predict
 
 #: 16k tokens per batch and a model width of 2048, as in the FlashAttention papers' benchmarks
 TOKENS, WIDTH = 16384, 2048
@@ -27,11 +29,11 @@ def _square(n, d, mask, **kw):
 
 
 #: shapes the model of each kernel is fitted on
-CALIBRATION = [_square(n, d, m) for n in (1024, 4096) for d in (64, 128) for m in ("full", "causal")]
+CALIBRATION = [_square(n, d, m) for n in (1024, 4096) for d in (64, 128) for m in ("none", "causal")]
 #: shapes the error is reported on (N >= 2k, none of the calibration lengths)
-REPORT = ([_square(n, d, m) for n in (2048, 8192, 16384) for d in (64, 128) for m in ("full", "causal")]
-          + [dict(batch=2, heads=16, n_q=1024, n_k=8192, head_dim=128, mask=m) for m in ("full", "causal")]
-          + [dict(batch=2, heads=16, n_q=8192, n_k=8192, head_dim=128, mask="sliding_window", window=1024)])
+REPORT = ([_square(n, d, m) for n in (2048, 8192, 16384) for d in (64, 128) for m in ("none", "causal")]
+          + [dict(batch=2, heads=16, n_q=1024, n_k=8192, head_dim=128, mask=m) for m in ("none", "causal")]
+          + [dict(batch=2, heads=16, n_q=8192, n_k=8192, head_dim=128, mask="window", window=1024)])
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,14 @@ class KernelModel:
                     mask_bytes=self.mask_bytes)
 
 
+#: hardware kernels by their benchmark names (``fa_lab.bench.peers``, the registry)
 _KERNELS = {
-    "flash": KernelModel(note="FlashAttention-2 (SDPA flash backend), 128x64 tiles"),
-    "cudnn": KernelModel(block_m=128, block_n=128, note="cuDNN fused attention (tiles assumed 128x128)"),
-    "efficient": KernelModel(block_m=64, block_n=64, note="memory-efficient attention (CUTLASS), 64x64 tiles assumed"),
-    "math": KernelModel("naive", None, None, unit="cuda", compute_dtype="fp32", score_bytes=4,
-                        note="SDPA math backend: fp16/bf16 upcast to fp32 (CUDA-core SGEMM), S and P in fp32"),
+    "sdpa-flash": KernelModel(note="FlashAttention-2 (SDPA flash backend), 128x64 tiles"),
+    "sdpa-cudnn": KernelModel(block_m=128, block_n=128, note="cuDNN fused attention (tiles assumed 128x128)"),
+    "sdpa-efficient": KernelModel(block_m=64, block_n=64,
+                                  note="memory-efficient attention (CUTLASS), 64x64 tiles assumed"),
+    "sdpa-math": KernelModel("naive", None, None, unit="cuda", compute_dtype="fp32", score_bytes=4,
+                             note="SDPA math backend: fp16/bf16 upcast to fp32 (CUDA-core SGEMM), S and P in fp32"),
     "naive_torch": KernelModel("naive", None, None, score_bytes=4, note="chapter 1: S and P in fp32"),
     "numba_naive": KernelModel("naive", None, None, unit="cuda", score_bytes=4,
                                note="chapter 1: three Numba kernels, fp32 on CUDA cores"),
@@ -71,7 +75,7 @@ _KERNELS = {
 
 def kernel_model(kernel: str) -> KernelModel:
     """The model of a hardware kernel (SDPA backend or registered fa_lab implementation)."""
-    return _KERNELS.get(kernel, KernelModel(note="unknown kernel: a FlashAttention-2 forward assumed"))
+    return _KERNELS.get(canonical_name(kernel), KernelModel(note="unknown kernel: a FlashAttention-2 forward assumed"))
 
 
 def problem_of(rec: dict) -> Problem:
@@ -79,10 +83,11 @@ def problem_of(rec: dict) -> Problem:
     window = rec.get("window")
     if isinstance(window, float):     # through a DataFrame: NaN for none, 1024.0 for W
         window = None if math.isnan(window) else int(window)
+    mask = MASK_ALIASES.get(rec["mask"], rec["mask"])
     return Problem(batch=int(rec["batch"]), heads=int(rec["heads"]), n_q=int(rec["n_q"]), n_k=int(rec["n_k"]),
                    head_dim=int(rec["head_dim"]), head_dim_v=int(rec.get("head_dim_v") or rec["head_dim"]),
-                   kv_heads=int(rec.get("kv_heads") or rec["heads"]), mask=rec["mask"],
-                   window=window if rec["mask"] == "sliding_window" else None, dtype=rec["dtype"])
+                   kv_heads=int(rec.get("kv_heads") or rec["heads"]), mask=mask,
+                   window=window if mask == "window" else None, dtype=rec["dtype"])
 
 
 def record_model(rec: dict) -> KernelModel:
@@ -94,8 +99,9 @@ def record_model(rec: dict) -> KernelModel:
     bm, bn = rec.get("block_m"), rec.get("block_n")
     ok = lambda x: x is not None and not (isinstance(x, float) and math.isnan(x))  # noqa: E731
     km = dataclasses.replace(km, block_m=int(bm) if ok(bm) else km.block_m, block_n=int(bn) if ok(bn) else km.block_n)
-    if rec["kernel"] in ("efficient", "math") and rec["mask"] == "sliding_window":
-        km = dataclasses.replace(km, skip_masked=False, mask_bytes=1)   # a dense bool attn_mask (hardware.make_call)
+    if canonical_name(rec["kernel"]) in ("sdpa-efficient", "sdpa-math") and \
+            MASK_ALIASES.get(rec["mask"], rec["mask"]) == "window":
+        km = dataclasses.replace(km, skip_masked=False, mask_bytes=1)   # a dense bool attn_mask (peers.bind)
     return km
 
 
@@ -149,7 +155,7 @@ def calibrate(records, device: Device, *, which: str = "calibration") -> dict:
     by_kernel: dict = {}
     for rec in records:
         if rec.get("status") == "ok" and rec.get("set") == which and kernel_model(rec["kernel"]).algorithm != "naive":
-            by_kernel.setdefault(rec["kernel"], []).append(rec)
+            by_kernel.setdefault(canonical_name(rec["kernel"]), []).append(rec)
     return {k: min((_fit(rows, device, ov) for ov in (False, True)), key=lambda c: c.calibration_error)
             for k, rows in by_kernel.items()}
 
@@ -195,7 +201,7 @@ def table(records, device: Device, calibration: dict | None = None):
             continue
         row = {k: rec.get(k) for k in keep}
         row["measured_ms"] = rec["ms"]
-        row.update(predict_record(rec, device, (calibration or {}).get(rec["kernel"])))
+        row.update(predict_record(rec, device, (calibration or {}).get(canonical_name(rec["kernel"]))))
         rows.append(row)
     return pd.DataFrame(rows)
 

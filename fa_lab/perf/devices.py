@@ -25,19 +25,23 @@ from pathlib import Path
 TERA = 1e12
 GB = 1e9
 
-#: element size in bytes of each dtype the model knows
+#: element size in bytes of each dtype the model knows: the torch dtypes of ``fa_lab.core.dtypes``
+#: (fp64 aside: no GPU here has a float64 matmul peak worth modelling) and two that exist only in hardware
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "fp8": 1}
-#: aliases accepted wherever a dtype is named (torch names too)
-DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float32": "fp32", "float": "fp32",
-                 "float8": "fp8", "fp8_e4m3": "fp8"}
+#: dtypes of the model only (Tensor Core formats without a torch dtype of their own here)
+_MODEL_ONLY = {"tf32": "tf32", "fp8": "fp8", "float8": "fp8", "fp8_e4m3": "fp8"}
 
 
 def canonical_dtype(dtype) -> str:
-    """'fp16' for 'fp16', 'float16' or torch.float16; raises ValueError for an unknown one."""
-    name = str(dtype).replace("torch.", "").lower()
-    name = DTYPE_ALIASES.get(name, name)
+    """'fp16' for 'fp16', 'float16' or torch.float16 (``fa_lab.core.dtypes``), plus 'tf32' and 'fp8';
+    raises ValueError for anything else."""
+    from fa_lab.core.dtypes import short_name
+
+    if isinstance(dtype, str) and dtype.strip().lower() in _MODEL_ONLY:
+        return _MODEL_ONLY[dtype.strip().lower()]
+    name = short_name(dtype)
     if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(DTYPE_BYTES)} (or a torch name)")
+        raise ValueError(f"the performance model has no {name}; expected one of {list(DTYPE_BYTES)}")
     return name
 
 
@@ -240,8 +244,11 @@ def select(name: str) -> tuple[Device, str]:
     """``'H100_80GB_fp16'`` → (the H100 preset, 'fp16'); a bare device name means fp16."""
     key = name.upper().replace("-", "_")
     head, _, tail = key.rpartition("_")
-    if head and tail.lower() in set(DTYPE_BYTES) | set(DTYPE_ALIASES):
-        return get_device(head), canonical_dtype(tail.lower())
+    if head:
+        try:
+            return get_device(head), canonical_dtype(tail.lower())
+        except ValueError:   # not a dtype: the whole name is the device's ('H100_80GB')
+            pass
     return get_device(key), "fp16"
 
 

@@ -1,20 +1,25 @@
 """Measuring on the GPU: the ceilings the roofline needs, and one attention kernel on one problem.
 
-A *hardware kernel* is either a PyTorch SDPA backend (``flash``, ``efficient``, ``cudnn``, ``math``)
-or the name of any implementation registered in ``fa_lab`` (``triton``, ``numba_tiled``, …).
-Every timing goes through ``fa_lab.bench.timer.time_fn`` (CUDA events, median; L2 flushed between runs).
+A *hardware kernel* is a peer of ``fa_lab.bench.peers`` (``sdpa-flash``, ``sdpa-efficient``,
+``sdpa-cudnn``, ``sdpa-math``; the older ``flash``, ``efficient``, … are accepted) or the name of
+any implementation registered in ``fa_lab`` (``triton``, ``numba_tiled``, …).  Every timing goes
+through ``fa_lab.bench.timer.time_fn`` (CUDA events, median; L2 flushed between runs).
 """
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import torch
 
+from fa_lab.bench import peers
+from fa_lab.bench.timer import time_fn
+from fa_lab.core.dtypes import as_dtype
 from fa_lab.core.world import DEVICE, ON_GPU, WORLD
 from fa_lab.perf.model import Problem
 
-SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
-_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+#: the SDPA backends a hardware kernel can be
+SDPA_BACKENDS = peers.SDPA_BACKENDS
 
 
 def kernel_names() -> list[str]:
@@ -24,16 +29,9 @@ def kernel_names() -> list[str]:
     return list(SDPA_BACKENDS) + [n for n in implementations() if n != "reference"]
 
 
-def _sdpa_backend(name):
-    from torch.nn.attention import SDPBackend
-
-    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
-
-
 def _inputs(p: Problem, seed: int = 0):
     """Standard-normal q, k, v drawn where they will live (on the GPU: no host-side draw of 100M numbers)."""
-    dtype = _TORCH_DTYPES[p.dtype]
+    dtype = as_dtype(p.dtype)
     g = torch.Generator(device=DEVICE).manual_seed(seed)
 
     def draw(h, n, d):
@@ -42,34 +40,36 @@ def _inputs(p: Problem, seed: int = 0):
     return draw(p.heads, p.n_q, p.head_dim), draw(p.kv_heads, p.n_k, p.head_dim), draw(p.kv_heads, p.n_k, p.head_dim_v)
 
 
+def _mask_args(p: Problem) -> dict:
+    """``causal``/``window`` of ``fa_lab.attention`` for the model's mask."""
+    return dict(causal=p.mask == "causal", window=p.left_right if p.mask == "window" else (-1, -1))
+
+
+def problem_spec(p: Problem, device=DEVICE):
+    """The ``AttentionSpec`` of a problem, without tensors (the model allows Dv != D, which
+    ``make_spec`` refuses: SDPA takes it)."""
+    from fa_lab.core.masks import effective_window
+    from fa_lab.core.spec import AttentionSpec
+
+    mask = _mask_args(p)
+    left, right = effective_window(mask["causal"], mask["window"])
+    return AttentionSpec(p.batch, p.heads, p.kv_heads, p.n_q, p.n_k, p.head_dim, p.head_dim_v,
+                         p.head_dim ** -0.5, mask["causal"], mask["window"], left, right, as_dtype(p.dtype),
+                         torch.device(device))
+
+
 def make_call(kernel: str, p: Problem, seed: int = 0):
-    """``(fn, context)``: ``fn()`` runs the kernel once on fresh inputs; time it inside ``context``.
+    """``fn`` such that ``fn()`` runs the kernel once on inputs drawn here.
 
     Raises ValueError (with the reason) when the kernel cannot run this problem.
     """
     if p.dtype not in ("fp16", "bf16", "fp32"):
         raise ValueError(f"kernels are measured in fp16, bf16 or fp32; {p.dtype} is a dtype of the model only")
     q, k, v = _inputs(p, seed)
-    left, right = p.left_right
-    if kernel in SDPA_BACKENDS:
-        import torch.nn.functional as F
-        from torch.nn.attention import sdpa_kernel
-
-        kw = dict(enable_gqa=p.heads != p.kv_heads)
-        if p.mask == "causal" and p.n_q == p.n_k:
-            kw["is_causal"] = True
-        elif p.mask == "causal":        # DESIGN's causal is bottom-right aligned; SDPA's is_causal is top-left
-            from torch.nn.attention.bias import causal_lower_right
-
-            kw["attn_mask"] = causal_lower_right(p.n_q, p.n_k)
-        elif p.mask == "sliding_window":
-            if kernel in ("flash", "cudnn"):
-                raise ValueError(f"SDPA's {kernel} backend takes no sliding window (only an is_causal flag); "
-                                 "use efficient, math, or a fa_lab kernel such as triton")
-            from fa_lab.core.masks import visible
-
-            kw["attn_mask"] = visible(p.n_q, p.n_k, left, right, device=q.device)
-        return (lambda: F.scaled_dot_product_attention(q, k, v, **kw)), sdpa_kernel([_sdpa_backend(kernel)])
+    name = peers.canonical_name(kernel)
+    if name in SDPA_BACKENDS:
+        # SDPA given the mask as a tensor where its flags cannot say it (correlate models that)
+        return peers.bind(name, q, k, v, problem_spec(p, q.device), mask_tensor=True)
 
     from fa_lab.core.registry import get
     from fa_lab.core.spec import make_spec
@@ -77,12 +77,12 @@ def make_call(kernel: str, p: Problem, seed: int = 0):
     impl = get(kernel)   # ValueError listing the known names
     if p.head_dim_v != p.head_dim:
         raise ValueError(f"fa_lab kernels need Dv == D (got D={p.head_dim}, Dv={p.head_dim_v}); the model does not")
-    spec = make_spec(q, k, v, causal=p.mask == "causal", window=(left, right) if p.mask == "sliding_window" else (-1, -1))
+    spec = make_spec(q, k, v, **_mask_args(p))
     why = impl.unsupported(spec, WORLD)
     if why:
         raise ValueError(why)
     # straight to the kernel: the spec is checked once here, not on every timed call
-    return (lambda: impl.fn(q, k, v, spec)), contextlib.nullcontext()
+    return lambda: impl.fn(q, k, v, spec)
 
 
 def kernel_blocks(kernel: str, p: Problem) -> dict:
@@ -96,24 +96,19 @@ def kernel_blocks(kernel: str, p: Problem) -> dict:
         if kernel == "numba_tiled":
             from fa_lab.kernels.numba import tiled as numba_tiled
 
-            gpu_configs = getattr(numba_tiled, "_GPU_CONFIGS", {})
-            cfg = gpu_configs.get(numba_tiled.head_dim_bucket(p.head_dim)) or numba_tiled.config_for(p.head_dim)
+            cfg = numba_tiled.GPU_CONFIGS.get(numba_tiled.head_dim_bucket(p.head_dim)) \
+                or numba_tiled.config_for(p.head_dim)
             return dict(block_m=cfg.block_m, block_n=cfg.block_n, threads=cfg.threads)
         if kernel == "triton":
-            from fa_lab.kernels.triton import fwd as triton_fwd
-            from fa_lab.core.spec import make_spec
+            from fa_lab.kernels.triton import CACHE, FINAL, config_key, default_config, head_dim_pad
 
-            q, k, v = (torch.empty(1, h, n, p.head_dim, device="meta") for h, n in
-                       ((p.heads, p.n_q), (p.kv_heads, p.n_k), (p.kv_heads, p.n_k)))
-            left, right = p.left_right
-            spec = make_spec(q, k, v, causal=p.mask == "causal",
-                             window=(left, right) if p.mask == "sliding_window" else (-1, -1))
+            spec = SimpleNamespace(head_dim=p.head_dim, n_q=p.n_q, n_k=p.n_k, mask=p.mask)
             cfg = None
-            if ON_GPU and p.dtype in _TORCH_DTYPES:
-                key = triton_fwd.config_key(spec, _TORCH_DTYPES[p.dtype], triton_fwd.FINAL.space)
-                cfg = triton_fwd.CACHE.get(torch.cuda.get_device_name(), key)
+            if ON_GPU and p.dtype in ("fp16", "bf16", "fp32"):
+                key = config_key(spec, as_dtype(p.dtype), FINAL.space)
+                cfg = CACHE.get(torch.cuda.get_device_name(), key)
             if cfg is None:
-                cfg = triton_fwd.default_config(triton_fwd.FINAL.space, triton_fwd.head_dim_pad(p.head_dim), p.n_q)
+                cfg = default_config(FINAL.space, head_dim_pad(p.head_dim), p.n_q, p.mask)
                 cfg["source"] = "default (not tuned)"
             return {("block_m" if k == "BLOCK_M" else "block_n" if k == "BLOCK_N" else k): v for k, v in cfg.items()}
     except Exception as exc:  # a kernel module that changed shape: the model falls back to its defaults
@@ -123,16 +118,13 @@ def kernel_blocks(kernel: str, p: Problem) -> dict:
 
 def measure(kernel: str, p: Problem, *, rep: int = 10, seed: int = 0) -> dict:
     """Time ``kernel`` on ``p``: ``{'status': 'ok', 'ms': …, 'ms_p10', 'ms_p90', 'timer'}``, or a status saying why not."""
-    from fa_lab.bench.timer import time_fn
-
-    out = dict(kernel=kernel, world=WORLD)
+    out = dict(kernel=peers.canonical_name(kernel), world=WORLD)
     try:
-        fn, ctx = make_call(kernel, p, seed)
-        with ctx:
-            fn()                                   # compile / pick a kernel outside the timing
-            out.update(time_fn(fn, rep=rep))
+        fn = make_call(kernel, p, seed)
+        fn()                                       # compile / pick a kernel outside the timing
+        out.update(time_fn(fn, rep=rep))
         out["status"] = "ok"
-        out.update(kernel_blocks(kernel, p))
+        out.update(kernel_blocks(out["kernel"], p))
     except torch.cuda.OutOfMemoryError:
         out["status"] = "oom"
     except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
@@ -158,8 +150,6 @@ def _tf32(allowed: bool):
 
 
 def _matmul_ceiling(dtype, n: int, tf32: bool = False) -> float:
-    from fa_lab.bench.timer import time_fn
-
     g = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)   # random data: zeros run faster
     b = torch.randn(n, n, device="cuda", dtype=dtype, generator=g)
@@ -169,8 +159,6 @@ def _matmul_ceiling(dtype, n: int, tf32: bool = False) -> float:
 
 
 def _copy_ceiling(nbytes: int) -> float:
-    from fa_lab.bench.timer import time_fn
-
     x = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32).uniform_()
     y = torch.empty_like(x)
     ms = time_fn(lambda: y.copy_(x))["ms"]
@@ -179,7 +167,6 @@ def _copy_ceiling(nbytes: int) -> float:
 
 def _exp_ceiling() -> float:
     """Exponentials per second: ``exp_probe.exp_chain`` keeps every SM busy with dependent ``exp2``."""
-    from fa_lab.bench.timer import time_fn
     from fa_lab.perf.exp_probe import exp_chain
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count

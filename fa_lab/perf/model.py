@@ -22,7 +22,8 @@ Three FLOP counts, labelled everywhere:
 Bytes are HBM (DRAM) bytes.  ``hbm_bytes`` assumes no cache: every tile a program loads comes
 from DRAM.  ``compulsory_bytes`` reads every input once and writes every output once (what a
 perfect cache would leave).  Which one DRAM really sees depends on whether the K/V tiles that
-concurrent programs share still sit in L2 — :func:`predict` estimates that from the L2 size.
+concurrent programs share still sit in L2 — ``fa_lab.perf.roofline.predict`` estimates that from
+the L2 size, and turns the counts into a time.
 """
 from __future__ import annotations
 
@@ -31,9 +32,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from fa_lab.core.flops import attention_flops
-from fa_lab.perf.devices import DTYPE_BYTES, Device, canonical_dtype
+from fa_lab.perf.devices import DTYPE_BYTES, canonical_dtype
 
-MASKS = ("full", "causal", "sliding_window")
+#: the package's mask vocabulary (``fa_lab.core.registry.ALL_MASKS``)
+MASKS = ("none", "causal", "window")
+#: older words for the same masks, still accepted (recordings made before the vocabulary was one)
+MASK_ALIASES = {"full": "none", "sliding_window": "window"}
 ALGORITHMS = ("naive", "flash_fwd", "flash_bwd")
 LSE_BYTES = 4        # lse / delta are float32
 DQ_ACCUM_BYTES = 4   # the backward's dQ accumulator is float32
@@ -43,7 +47,7 @@ DQ_ACCUM_BYTES = 4   # the backward's dQ accumulator is float32
 class Problem:
     """One attention call, as the model sees it.
 
-    ``mask='sliding_window'`` takes ``window=(left, right)`` (query ``i`` sees keys
+    ``mask='window'`` takes ``window=(left, right)`` (query ``i`` sees keys
     ``[i + Nk - Nq - left, i + Nk - Nq + right]``, bottom-right aligned as in DESIGN.md); an int
     ``W`` means ``(W, 0)``: the query itself and the ``W`` keys before it.
     """
@@ -55,7 +59,7 @@ class Problem:
     head_dim: int = 128
     head_dim_v: int | None = None
     kv_heads: int | None = None
-    mask: str = "full"
+    mask: str = "none"
     window: tuple | int | None = None
     dtype: str = "fp16"
 
@@ -68,6 +72,7 @@ class Problem:
         if self.kv_heads is None:
             set_("kv_heads", self.heads)
         set_("dtype", canonical_dtype(self.dtype))
+        set_("mask", MASK_ALIASES.get(self.mask, self.mask))
         for name in ("batch", "heads", "n_q", "n_k", "head_dim", "head_dim_v", "kv_heads"):
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or v < 1:
@@ -76,21 +81,21 @@ class Problem:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
         if self.mask not in MASKS:
             raise ValueError(f"mask must be one of {MASKS}, got {self.mask!r}")
-        if self.mask == "sliding_window":
+        if self.mask == "window":
             w = self.window
             if w is None:
-                raise ValueError("mask='sliding_window' needs window=W or window=(left, right)")
+                raise ValueError("mask='window' needs window=W or window=(left, right)")
             w = (int(w), 0) if isinstance(w, (int, np.integer)) else tuple(int(x) for x in w)
             if len(w) != 2 or min(w) < -1:
                 raise ValueError(f"window must be W >= 0 or (left, right) with -1 for unbounded, got {self.window!r}")
             set_("window", w)
         elif self.window is not None:
-            raise ValueError(f"window is only for mask='sliding_window' (mask is {self.mask!r})")
+            raise ValueError(f"window is only for mask='window' (mask is {self.mask!r})")
 
     @property
     def left_right(self) -> tuple[int, int]:
         """The mask as the (left, right) window of ``fa_lab.core.masks`` (-1 = unbounded)."""
-        return {"full": (-1, -1), "causal": (-1, 0)}.get(self.mask, self.window)
+        return {"none": (-1, -1), "causal": (-1, 0)}.get(self.mask, self.window)
 
     @property
     def itemsize(self) -> int:
@@ -353,117 +358,5 @@ def count(algorithm: str, problem: Problem, **blocks) -> Counts:
     return fns[algorithm](problem, **{k: v for k, v in blocks.items() if v is not None})
 
 
-# ------------------------------------------------------------------------------------------
-# Roofline time
-# ------------------------------------------------------------------------------------------
-@dataclass
-class Prediction:
-    """A roofline time for ``Counts`` on a ``Device``; every term in seconds."""
-
-    device: str
-    dtype: str
-    unit: str
-    peak_flops: float
-    bandwidth: float
-    exp_rate: float
-    eff_compute: float
-    eff_memory: float
-    exp_overlap: bool
-    overhead_tiles: float
-    t_mma: float
-    t_exp: float
-    t_compute: float
-    t_memory: float
-    time_s: float
-    bound: str
-    dram_bytes: float
-    clock_mhz: float
-    cycles: float
-    phases: list = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def l2_miss_fraction(working_set: float, l2_bytes: float) -> float:
-    """Share of re-reads that miss L2: 0 while the shared working set fits, then growing towards 1."""
-    if working_set <= 0:
-        return 1.0
-    return float(min(1.0, max(0.0, (working_set - l2_bytes) / working_set)))
-
-
-def l2_working_set(phase: Phase, device: Device) -> float:
-    """Bytes in flight that programs re-read: one head's working set times the heads running at once.
-
-    Programs are launched head by head (query blocks fastest), so with one program per SM about
-    ``SMs / programs_per_head`` heads run together.
-    """
-    heads_in_flight = max(1, -(-device.sm_count // max(1, phase.programs_per_head)))
-    heads_total = max(1, phase.programs // max(1, phase.programs_per_head))
-    return phase.l2_working_set * min(heads_in_flight, heads_total)
-
-
-def predict(counts: Counts, device: Device, *, unit: str = "auto", eff_compute: float = 1.0,
-            eff_memory: float = 1.0, exp_overlap: bool = False, overhead_tiles: float = 0.0,
-            bytes_model: str = "l2", compute_dtype: str | None = None, clock_mhz: float | None = None) -> Prediction:
-    """Roofline time: per phase ``max(compute, memory)``, summed over phases.
-
-    compute = ``(t_mma + t_exp) · (1 + overhead_tiles · programs / tiles) / eff_compute`` — MMA at the
-    peak of ``compute_dtype`` (default the problem's dtype) plus one exponential per computed score at
-    the special-function rate; ``exp_overlap=True`` takes ``max`` instead of the sum (a kernel that
-    overlaps the softmax with the matmuls).  ``overhead_tiles`` charges every program a fixed cost
-    worth that many tiles of its own work (loading Q, filling and draining the software pipeline,
-    the epilogue), which is what makes short sequences slow.
-    memory = DRAM bytes / (bandwidth × ``eff_memory``), where DRAM bytes are ``'streamed'``
-    (no cache), ``'compulsory'`` (perfect cache) or ``'l2'`` (compulsory + the re-reads that miss
-    an L2 too small for the K/V of the heads in flight).  Efficiency factors are fractions of the
-    device's peaks (datasheet or measured, see ``Device.with_ceilings``); calibrate them on other shapes.
-    """
-    if bytes_model not in ("streamed", "compulsory", "l2"):
-        raise ValueError(f"bytes_model must be 'streamed', 'compulsory' or 'l2', got {bytes_model!r}")
-    if not (0 < eff_compute <= 1.5 and 0 < eff_memory <= 1.5):
-        raise ValueError(f"efficiency factors must be in (0, 1.5], got {eff_compute}, {eff_memory}")
-    if overhead_tiles < 0:
-        raise ValueError(f"overhead_tiles must be >= 0, got {overhead_tiles}")
-    dtype = canonical_dtype(compute_dtype or counts.problem.dtype)
-    peak = device.peak_flops(dtype, unit)
-    unit_used = unit if unit != "auto" else ("cuda" if dtype == "fp32" else "tensor")
-    bw = device.hbm_bandwidth
-    total = t_mma = t_exp = t_comp = t_mem = dram = 0.0
-    phases = []
-    for ph in counts.phases:
-        if bytes_model == "streamed":
-            b = ph.hbm_bytes
-        elif bytes_model == "compulsory":
-            b = ph.compulsory_bytes
-        else:
-            b = ph.compulsory_bytes + l2_miss_fraction(l2_working_set(ph, device), device.l2_bytes) * (
-                ph.hbm_bytes - ph.compulsory_bytes)
-        mma, ex = ph.flops / peak, ph.exps / device.exp_rate
-        overhead = 1 + overhead_tiles * ph.programs / ph.tiles if ph.tiles else 1.0
-        comp = (max(mma, ex) if exp_overlap else mma + ex) * overhead / eff_compute
-        mem = b / (bw * eff_memory)
-        t = max(comp, mem)
-        phases.append(dict(name=ph.name, t_mma=mma, t_exp=ex, t_compute=comp, t_memory=mem, time_s=t,
-                           dram_bytes=b, bound="compute" if comp >= mem else "memory"))
-        total += t
-        t_mma += mma
-        t_exp += ex
-        t_comp += comp
-        t_mem += mem
-        dram += b
-    # the phase that takes the most time names the bound
-    main = max(phases, key=lambda d: d["time_s"])
-    clock = float(clock_mhz or device.boost_clock_mhz)
-    return Prediction(device.name, dtype, unit_used, peak, bw, device.exp_rate, eff_compute, eff_memory,
-                      exp_overlap, overhead_tiles, t_mma, t_exp, t_comp, t_mem, total, main["bound"], dram, clock, total * clock * 1e6, phases)
-
-
-def attainable(intensity, device: Device, dtype: str = "fp16", unit: str = "auto"):
-    """The roofline: attainable FLOP/s at an arithmetic intensity (FLOP per byte)."""
-    return np.minimum(device.peak_flops(dtype, unit), np.asarray(intensity, dtype=float) * device.hbm_bandwidth)
-
-
-__all__ = ["Problem", "Counts", "Phase", "Tiles", "Prediction", "MASKS", "ALGORITHMS", "count", "naive_counts",
-           "flash_forward_counts", "flash_backward_counts", "predict", "attainable", "visible_pairs",
-           "key_ranges", "tiles", "l2_miss_fraction", "l2_working_set"]
+__all__ = ["Problem", "Counts", "Phase", "Tiles", "MASKS", "MASK_ALIASES", "ALGORITHMS", "count", "naive_counts",
+           "flash_forward_counts", "flash_backward_counts", "visible_pairs", "key_ranges", "tiles"]

@@ -14,9 +14,9 @@ import math
 import torch
 from numba import cuda
 
-from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
 from fa_lab.core.registry import register
 from fa_lab.core.world import pick
+from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
 
 TILE = pick(cpu=4, gpu=16)  # threads per block side; the simulator runs one Python thread per CUDA thread
 
@@ -49,9 +49,13 @@ def softmax_rows(S, LSE):
         return
     b, h = bh // H, bh % H
     m = -math.inf
+    seen = False                             # a NaN score counts as seen: NaN in must give NaN out
     for j in range(Nk):
-        m = max(m, S[b, h, i, j])
-    if m == -math.inf:                       # the row sees no key: P = 0, lse = -inf
+        x = S[b, h, i, j]
+        if x != -math.inf:
+            seen = True
+        m = max(m, x)
+    if not seen:                             # the row sees no key: P = 0, lse = -inf
         for j in range(Nk):
             S[b, h, i, j] = 0.0
         LSE[b, h, i] = -math.inf

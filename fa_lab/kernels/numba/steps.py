@@ -28,10 +28,10 @@ import numpy as np
 import torch
 from numba import cuda, float32, uint32, uint64
 
-from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
-from fa_lab.kernels.numba.tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled, simulator_speed
 from fa_lab.core.registry import register
 from fa_lab.core.world import pick
+from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled, simulator_speed
 
 ROWWISE_THREADS = pick(cpu=4, gpu=128)
 SMEM_BLOCK_M = pick(cpu=4, gpu=128)
@@ -89,11 +89,14 @@ def build_rowwise(d_pad: int):
             m_i = m_new
             j += uint64(1)
             kv_at += u_d
-        inv = float32(1.0) / l_i if l_i > ZERO else ZERO
+        # Whether the row sees a key comes from the mask, not from l_i > 0: a NaN input makes
+        # l_i NaN (and fastmath may fold NaN tests away), and NaN must come out, not an empty row.
+        sees = hi > lo
+        inv = float32(1.0) / l_i if sees else ZERO
         for d in range(D_PAD):               # constant bounds keep acc in registers
             if d < D:
                 O[q_row + uint32(d)] = acc[d] * inv
-        if l_i > ZERO:
+        if sees:
             LSE[bh * Nq + i] = m_i + math.log(l_i)
         else:                                # the row sees no key
             LSE[bh * Nq + i] = -math.inf
@@ -166,11 +169,15 @@ def build_smem(d_pad: int):
                     acc[d] += p * v_s[uint32(c * D_PAD + d)]
             m_i = m_new
         if i < Nq:
-            inv = float32(1.0) / l_i if l_i > ZERO else ZERO
+            # as in step 1: the mask, not l_i, says whether the row sees a key (NaN in, NaN out)
+            lo = 0 if left < 0 else max(0, diag - left)
+            hi = Nk if right < 0 else min(Nk, diag + right + 1)
+            sees = hi > lo
+            inv = float32(1.0) / l_i if sees else ZERO
             for d in range(D_PAD):
                 if d < D:
                     O[q_row + uint32(d)] = acc[d] * inv
-            if l_i > ZERO:
+            if sees:
                 LSE[bh * Nq + i] = m_i + math.log(l_i)
             else:
                 LSE[bh * Nq + i] = -math.inf

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from numba import cuda, float32, uint32, uint64
 
-from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
 from fa_lab.core.registry import register
 from fa_lab.core.world import ON_GPU, pick
+from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
 
 #: Head dims are padded up to one of these; each has its own compiled kernel.
 HEAD_DIM_BUCKETS = (16, 32, 64, 128)
@@ -107,7 +107,6 @@ GPU_CONFIGS = {
     128: TileConfig(64, 16, 16, 4, 128, share_kv=True),
 }
 CPU_CONFIGS = {d: TileConfig(4, 4, 2, 2, d) for d in HEAD_DIM_BUCKETS}
-_GPU_CONFIGS, _CPU_CONFIGS = GPU_CONFIGS, CPU_CONFIGS   # older names (fa_lab.perf reads _GPU_CONFIGS)
 
 
 def head_dim_bucket(head_dim: int) -> int:
@@ -346,15 +345,21 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
                 l_row = ZERO
                 for t in range(THREADS_N):
                     l_row += red_s[r_base + uint32(i * R_ROW_STEP + t)]
+                # Whether the row sees a key comes from the mask, not from l_row > 0: a NaN input
+                # makes l_row NaN (and fastmath may fold NaN tests away); NaN must come out.
+                diag = row + shift
+                row_lo = 0 if left < 0 else max(0, diag - left)
+                row_hi = Nk if right < 0 else min(Nk, diag + right + 1)
+                sees = row_hi > row_lo
                 inv = ZERO
-                if l_row > ZERO:
+                if sees:
                     inv = float32(1.0) / l_row
                 for c in range(DIMS):
                     d = tx + THREADS_N * c
                     if d < D:
                         O[q_head + uint64(row * D + d)] = acc[i, c] * inv   # a row that sees no key: zeros
                 if tx == 0:
-                    if l_row > ZERO:
+                    if sees:
                         LSE[bh * Nq + row] = m_i[i] + math.log(l_row)
                     else:
                         LSE[bh * Nq + row] = -math.inf

@@ -2,13 +2,13 @@
 
 Three kernels, all recomputing P = exp(S - lse) from Q, K and the saved lse:
 
-1. ``_bwd_preprocess``: D = rowsum(dO ∘ O) per query row, and the lse in base 2
+1. ``bwd_preprocess``: D = rowsum(dO ∘ O) per query row, and the lse in base 2
    (``+inf`` for a row that sees no key, so that its P is 0 rather than NaN).
-2. ``_bwd_dkdv``: **K/V-stationary**.  A program owns one block of keys, keeps K_j, V_j,
+2. ``bwd_dkdv``: **K/V-stationary**.  A program owns one block of keys, keeps K_j, V_j,
    dK_j and dV_j on chip, and walks every query block that sees it — for *every query
    head of its GQA group*, so the group's sum happens in registers:
    dV_j += Pᵀ dO,  dK_j += dSᵀ Q.
-3. ``_bwd_dq``: **Q-stationary**.  A program owns one block of queries and walks the key
+3. ``bwd_dq``: **Q-stationary**.  A program owns one block of queries and walks the key
    blocks it sees: dQ_i += dS K.
 
 FlashAttention-2 computes dQ inside the K/V loop with ``atomicAdd``, whose order (and so
@@ -31,7 +31,7 @@ LOG2E = 1.4426950408889634   # exp(x) = exp2(x · log2 e): exp2 is the fast inst
 
 
 @triton.jit
-def _bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
+def bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
                     stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,
                     H, N_Q,
@@ -59,7 +59,7 @@ def _bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta,
+def dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta,
                 stride_qm, stride_qd, stride_dom, stride_dod,
                 start_m, offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -96,7 +96,7 @@ def _dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta,
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qh, stride_qm, stride_qd, stride_doh, stride_dom, stride_dod,
+def dkdv_loop(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qh, stride_qm, stride_qd, stride_doh, stride_dom, stride_dod,
                start, n_blocks, group, offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, PRECISION: tl.constexpr):
@@ -106,15 +106,18 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qh, stride_qm, stride_qd
         # max(.., 1): without a mask a phase's n_blocks is the constant 0, and a division by a constant 0
         # is undefined behaviour the compiler may exploit even in a loop that never runs (it did, on an H100)
         g = it // tl.maximum(n_blocks, 1)
-        dk, dv = _dkdv_inner(dk, dv, k, v, Q + g * stride_qh, DO + g * stride_doh, LSE2 + g * N_Q, Delta + g * N_Q,
-                             stride_qm, stride_qd, stride_dom, stride_dod, start + (it - g * n_blocks) * BLOCK_M,
-                             offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D,
-                             HAS_LEFT, HAS_RIGHT, MASK, PRECISION)
+        dk, dv = dkdv_inner(dk=dk, dv=dv, k=k, v=v, Q=Q + g * stride_qh, DO=DO + g * stride_doh,
+                            LSE2=LSE2 + g * N_Q, Delta=Delta + g * N_Q,
+                            stride_qm=stride_qm, stride_qd=stride_qd, stride_dom=stride_dom, stride_dod=stride_dod,
+                            start_m=start + (it - g * n_blocks) * BLOCK_M, offs_n=offs_n, N_Q=N_Q, N_K=N_K,
+                            qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT, HEAD_DIM=HEAD_DIM,
+                            BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, MASK=MASK,
+                            PRECISION=PRECISION)
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
+def bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
@@ -169,15 +172,24 @@ def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
     row_ptr = (b * H + hk * group) * N_Q
     lse_ptr = LSE2 + row_ptr
     delta_ptr = Delta + row_ptr
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qh, stride_qm, stride_qd,
-                        stride_doh, stride_dom, stride_dod, lo, n_pre, group, offs_n, N_Q, N_K, qk_scale,
-                        WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_LEFT, HAS_RIGHT, True, PRECISION)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qh, stride_qm, stride_qd,
-                        stride_doh, stride_dom, stride_dod, mid, n_mid, group, offs_n, N_Q, N_K, qk_scale,
-                        WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_LEFT, HAS_RIGHT, False, PRECISION)
-    dk, dv = _dkdv_loop(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qh, stride_qm, stride_qd,
-                        stride_doh, stride_dom, stride_dod, end_mid, n_post, group, offs_n, N_Q, N_K, qk_scale,
-                        WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_M, BLOCK_D, HAS_LEFT, HAS_RIGHT, True, PRECISION)
+    dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
+                       stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
+                       stride_dom=stride_dom, stride_dod=stride_dod, start=lo, n_blocks=n_pre, group=group,
+                       offs_n=offs_n, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                       MASK=True, PRECISION=PRECISION)
+    dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
+                       stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
+                       stride_dom=stride_dom, stride_dod=stride_dod, start=mid, n_blocks=n_mid, group=group,
+                       offs_n=offs_n, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                       MASK=False, PRECISION=PRECISION)
+    dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
+                       stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
+                       stride_dom=stride_dom, stride_dod=stride_dod, start=end_mid, n_blocks=n_post, group=group,
+                       offs_n=offs_n, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                       MASK=True, PRECISION=PRECISION)
 
     out = b * stride_gb + hk * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :] * stride_gd
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -185,7 +197,7 @@ def _bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse2, Di, K, V,
+def dq_inner(dq, q, do, lse2, Di, K, V,
               stride_kn, stride_kd, stride_vn, stride_vd,
               start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -215,7 +227,7 @@ def _dq_inner(dq, q, do, lse2, Di, K, V,
 
 
 @triton.jit
-def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
+def bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
             stride_qb, stride_qh, stride_qm, stride_qd,
             stride_kb, stride_kh, stride_kn, stride_kd,
             stride_vb, stride_vh, stride_vn, stride_vd,
@@ -267,17 +279,23 @@ def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
     k_ptr = K + b * stride_kb + hk * stride_kh
     v_ptr = V + b * stride_vb + hk * stride_vh
     for start_n in range(lo, mid, BLOCK_N):
-        dq = _dq_inner(dq, q, do, lse2, Di, k_ptr, v_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
-                       start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_N, BLOCK_D,
-                       HAS_LEFT, HAS_RIGHT, True, PRECISION)
+        dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
+                      stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, offs_m=offs_m,
+                      N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                      HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                      MASK=True, PRECISION=PRECISION)
     for start_n in range(mid, end_mid, BLOCK_N):
-        dq = _dq_inner(dq, q, do, lse2, Di, k_ptr, v_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
-                       start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_N, BLOCK_D,
-                       HAS_LEFT, HAS_RIGHT, False, PRECISION)
+        dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
+                      stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, offs_m=offs_m,
+                      N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                      HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                      MASK=False, PRECISION=PRECISION)
     for start_n in range(end_mid, hi, BLOCK_N):
-        dq = _dq_inner(dq, q, do, lse2, Di, k_ptr, v_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
-                       start_n, offs_m, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT, HEAD_DIM, BLOCK_N, BLOCK_D,
-                       HAS_LEFT, HAS_RIGHT, True, PRECISION)
+        dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
+                      stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, offs_m=offs_m,
+                      N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                      HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                      MASK=True, PRECISION=PRECISION)
 
     tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd,
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=qd_mask)
@@ -289,7 +307,8 @@ def _bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
 #: GPU tile configs: (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel, by padded head dim and
 #: element size.  dK/dV keeps two (BLOCK_N, D) fp32 accumulators in registers, dQ one (BLOCK_M, D):
 #: candidates are the tiles that compile for sm_90 without spilling registers (Triton 3.6); the
-#: D = 64 and 128 entries are the fastest of those on an H100 (scripts/bench_ch5.py --sections tune).
+#: D = 64 and 128 entries are the fastest of those on an H100 (``tuner.tune_backward``, run by
+#: scripts/bench_ch5.py --sections tune).
 GPU_CONFIGS = {
     # (BLOCK_D, itemsize): (dkdv, dq)
     (16, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
@@ -328,7 +347,7 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
     ``preprocess()`` fills D and the base-2 lse; ``dkdv(cfg)`` and ``dq(cfg)`` launch the two
     gradient kernels with a tile config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (and
     ``warmup=True`` only compiles them); ``grads`` is ``(dq, dk, dv)``, written by the launches,
-    in the dtype the kernels compute in.  The tuner in scripts/bench_ch5.py times each alone.
+    in the dtype the kernels compute in.  ``tuner.tune_backward`` times each alone.
     """
     if spec.head_dim > MAX_HEAD_DIM:
         raise ValueError(f"the Triton backward supports head dims up to {MAX_HEAD_DIM}, got {spec.head_dim}")
@@ -349,7 +368,7 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
     pre_m = 64 if ON_GPU else 16
 
     def preprocess():
-        _bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
+        bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
             o, do, lse, dlse_arg, delta, lse2, *o.stride(), *do.stride(), H, Nq,
             HEAD_DIM=D, HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=BD)
 
@@ -370,11 +389,11 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
             kernel[grid](*args, **kw)
 
     def dkdv_launch(cfg, warmup=False):
-        launch(_bwd_dkdv, (triton.cdiv(Nk, cfg[1]), B * Hkv),
+        launch(bwd_dkdv, (triton.cdiv(Nk, cfg[1]), B * Hkv),
                (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup)
 
     def dq_launch(cfg, warmup=False):
-        launch(_bwd_dq, (triton.cdiv(Nq, cfg[0]), B * H),
+        launch(bwd_dq, (triton.cdiv(Nq, cfg[0]), B * H),
                (*common, dq, *strides, *dq.stride(), *scalars), cfg, warmup)
 
     return preprocess, dkdv_launch, dq_launch, (dq, dk, dv)

@@ -7,7 +7,7 @@ it like any other kernel, and each adds one idea to the one before:
 ``triton_minimal``     the FA2 loop: pointer arithmetic, masked loads, ``exp``, every key
                        block visited and masked; one fixed tile size, no pipelining
 ``triton_desc``        tiles fetched through tensor descriptors (TMA on Hopper): bounds
-                       and padding handled by the copy engine (``fa_lab.kernels.triton.fwd``)
+                       and padding handled by the copy engine (``fa_lab.kernels.triton.kernel``)
 ``triton_exp2``        the softmax scale folded into ``exp2``
 ``triton_skip``        loop bounds per query block: fully masked blocks are never
                        loaded, masks are computed only on boundary blocks
@@ -22,15 +22,18 @@ import triton
 import triton.language as tl
 
 from fa_lab.core.registry import register
-from fa_lab.kernels.triton.fwd import FIXED_CONFIG, HEAD_DIMS, CPU_CONFIG, Variant, check_supported, head_dim_pad, prepare_inputs, triton_forward
 from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.triton.configs import CPU_CONFIG, FIXED_CONFIG, Variant, head_dim_pad
+from fa_lab.kernels.triton.fwd import triton_forward
+from fa_lab.kernels.triton.launch import HEAD_DIMS, check_supported, prepare_inputs, triton_limits
 
 STEP_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _minimal_kernel(Q, K, V, O, LSE, scale, n_q, n_k, heads, kv_heads, left, right, head_dim,
-                    D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def minimal_kernel(Q, K, V, O, LSE, scale, n_q, n_k, heads, kv_heads, left, right, head_dim,
+                   D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Step 1: the FlashAttention-2 loop with pointers and masks (grid: query blocks, batch · heads)."""
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
     b, h = pid_bh // heads, pid_bh % heads
     kv_row = (b * kv_heads + h // (heads // kv_heads)) * n_k  # GQA: index the shared K/V head
@@ -61,7 +64,8 @@ def _minimal_kernel(Q, K, V, O, LSE, scale, n_q, n_k, heads, kv_heads, left, rig
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)  # acc += P V, Tensor Cores again
         m_i = m_new
-    seen = l_i > 0.0
+    # l_i != 0 rather than > 0: a NaN row stays NaN (NaN in, NaN out) instead of reading as empty
+    seen = l_i != 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     tl.store(LSE + q_rows, tl.where(seen, m_i + tl.log(l_safe), float("-inf")), mask=offs_m < n_q)
     tl.store(O + q_rows[:, None] * head_dim + offs_d[None, :], (acc / l_safe[:, None]).to(O.dtype.element_ty),
@@ -77,9 +81,9 @@ def triton_minimal(q, k, v, spec):
     o = torch.empty((B, H, Nq, D), dtype=work, device=q.device)
     lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(Nq, cfg["BLOCK_M"]), B * H)
-    _minimal_kernel[grid](q_, k_, v_, o, lse, scale, Nq, Nk, H, spec.kv_heads, spec.left, spec.right, D,
-                          D_PAD=head_dim_pad(D), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-                          num_warps=cfg["num_warps"], num_stages=1)
+    minimal_kernel[grid](q_, k_, v_, o, lse, scale, Nq, Nk, H, spec.kv_heads, spec.left, spec.right, D,
+                         D_PAD=head_dim_pad(D), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+                         num_warps=cfg["num_warps"], num_stages=1)
     return o.to(q.dtype), lse
 
 
@@ -112,7 +116,8 @@ def _variant_fn(variant: Variant):
 
 
 _COMMON = dict(chapter=4, dtypes=STEP_DTYPES, head_dims=HEAD_DIMS, extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,
-               tags=("triton",), step_of="triton")
+               tags=("triton",), step_of="triton",
+               limits=triton_limits)
 
 register("triton_minimal", description=STEPS[0][1], **_COMMON)(triton_minimal)
 for _name, _what in STEPS[1:-1]:

@@ -1,0 +1,133 @@
+"""What an exercise is, and where they are kept: ``Case``, ``Mistake``, ``Exercise``, the registry.
+
+An exercise is a function the learner writes (``softmax_rows``, ``online_attention``,
+...), a solution with the same signature, and a generator of test cases.  Each chapter's
+module (``fa_lab/exercises/chN.py``) builds its exercises and registers them on import;
+``names``, ``get``, ``reference`` and ``describe`` load every chapter first.
+
+Optional ``Exercise`` fields (all defaulted; chapters that do not need them ignore them):
+
+``tile``          ``(BLOCK_M, BLOCK_N)`` or ``case -> (BLOCK_M, BLOCK_N)`` (None = not tiled along
+                  that axis); ``case.meta['block_m'/'block_n']`` override it.  Used to say which
+                  tile / program id the worst element belongs to.
+``structure``     ``StructureCheck`` objects (see ``structure.py``): each is an extra row on the
+                  cases it applies to (by default those with ``meta['structure']=True``).
+``mistakes``      known wrong answers (``Mistake``): when the learner's output matches one,
+                  the feedback names it.
+``out_args``      kernel style: indices of positional arguments the function writes into.
+                  They are poisoned (NaN) before the call and judged after it.
+``outputs``       names of the results for messages, e.g. ``("o", "lse")``.
+``judge_dtype``   e.g. ``torch.float64``: values are judged against the solution run on
+                  inputs upcast to this dtype (the float64 reference is the judge), at the
+                  tolerance of ``case.dtype``; the learner must still return the solution's dtypes.
+``strict_dtype``  a float result in another float dtype is wrong (default True).
+``poison_empty``  ``torch.empty``-style buffers come back filled with NaN (default True).
+
+``Case.meta`` carries facts the feedback uses: ``n_q``, ``n_k``, ``causal``, ``window``,
+``block_m``, ``block_n``, ``structure`` (and anything a chapter wants to label cases with).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+#: one module per chapter; each registers its exercises on import
+CHAPTER_MODULES = [
+    "fa_lab.exercises.ch1",
+    "fa_lab.exercises.ch2",
+    "fa_lab.exercises.ch3",
+    "fa_lab.exercises.ch4",
+    "fa_lab.exercises.ch5",
+    "fa_lab.exercises.ch6",
+]
+
+
+@dataclass
+class Case:
+    """One call: ``fn(*args, **kwargs)``, judged at ``dtype``'s tolerance."""
+
+    label: str
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    dtype: torch.dtype = torch.float32
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Mistake:
+    """A typical wrong answer: ``fn`` has the solution's signature and makes exactly this mistake."""
+
+    name: str
+    fn: Callable
+    message: str
+
+
+@dataclass
+class Exercise:
+    name: str
+    chapter: int
+    title: str
+    signature: str                           # what the learner writes, e.g. "softmax_rows(s) -> Tensor"
+    solution: Callable
+    make_cases: Callable[[int], list]        # seed -> [Case, ...]
+    compare: Callable | None = None          # (got, expected, case) -> None, raises AssertionError
+    hint: str = ""
+    # optional, see the module docstring
+    tile: Any = None
+    structure: tuple = ()
+    mistakes: tuple = ()
+    out_args: tuple = ()
+    outputs: tuple = ()
+    judge_dtype: torch.dtype | None = None
+    strict_dtype: bool = True
+    poison_empty: bool = True
+
+    def tile_for(self, case: Case) -> tuple:
+        tile = self.tile(case) if callable(self.tile) else self.tile
+        block_m, block_n = tile if tile else (None, None)
+        return case.meta.get("block_m", block_m), case.meta.get("block_n", block_n)
+
+
+#: every registered exercise by name (filled as the chapter modules are imported)
+EXERCISES: dict[str, Exercise] = {}
+
+
+def register_exercise(ex: Exercise) -> Exercise:
+    if ex.name in EXERCISES:
+        raise ValueError(f"exercise {ex.name!r} is registered twice")
+    EXERCISES[ex.name] = ex
+    return ex
+
+
+def load() -> dict[str, Exercise]:
+    """Import every chapter's module (each registers its exercises) and return the registry."""
+    for mod in CHAPTER_MODULES:
+        importlib.import_module(mod)
+    return EXERCISES
+
+
+def names(chapter: int | None = None) -> list[str]:
+    """Registered exercise names (optionally one chapter's)."""
+    return [n for n, ex in load().items() if chapter is None or ex.chapter == chapter]
+
+
+def get(name: str) -> Exercise:
+    if not isinstance(name, str):
+        raise TypeError(f"an exercise name is a string such as 'ch1_causal_mask', got {type(name).__name__}")
+    exercises = load()
+    if name not in exercises:
+        raise ValueError(f"unknown exercise {name!r}; known exercises: {', '.join(exercises)}")
+    return exercises[name]
+
+
+def reference(name: str):
+    """The solution, a callable with the signature the exercise asks for."""
+    return get(name).solution
+
+
+def describe(name: str) -> str:
+    ex = get(name)
+    return f"{ex.title}\n  write: {ex.signature}\n  {ex.hint}".rstrip()

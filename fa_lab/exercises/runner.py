@@ -1,0 +1,172 @@
+"""``run_check``: the learner's function against the solution on every planned case.
+
+``check`` calls both on fresh random cases — lengths that are not multiples of the tile,
+N = 1, Nq != Nk, every mask the exercise claims, several seeds — and turns whatever the
+learner's code does (wrong numbers, wrong shape/dtype/device, an exception, a hang, an
+Nq×Nk buffer in a tiled function) into a row of a readable table.  It never raises into
+the notebook: when the user presses stop, the case under way and the cases after it are
+marked as not run and the result says the check was interrupted.
+
+The rows are planned before anything runs (``plan``), so ``max_score`` is the same for a
+stub, a wrong answer and the solution.
+"""
+from __future__ import annotations
+
+import numbers
+import time
+from dataclasses import dataclass
+
+from fa_lab.exercises.feedback import Mismatch
+from fa_lab.exercises.guard import LearnerError, TimeLimitReached, call_with_timeout, describe_exception, safe_text
+from fa_lab.exercises.judge import expected_outputs, judge, match_mistake, outputs_of, prepare_args, type_diagnosis
+from fa_lab.exercises.registry import Case, Exercise
+from fa_lab.exercises.result import CheckResult
+from fa_lab.exercises.structure import PoisonEmpty
+
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_TIMEOUT = 60.0  # seconds for a whole check
+MAX_DIAGNOSED = 3       # wrong cases per check that the known mistakes are tried on (each costs their runs)
+
+INTERRUPTED = "the check was interrupted (the stop button, or a KeyboardInterrupt)"
+
+
+def plan(ex: Exercise, seeds=DEFAULT_SEEDS) -> list:
+    """``[(seed, case, structure_checks)]``: every row ``check`` will score, known before anything runs."""
+    return [(seed, case, [c for c in ex.structure if c.applies(case)])
+            for seed in seeds for case in ex.make_cases(seed)]
+
+
+def max_score(ex: Exercise, seeds=DEFAULT_SEEDS) -> int:
+    return sum(1 + len(checks) for _, _, checks in plan(ex, seeds))
+
+
+@dataclass
+class _Run:
+    """What carries from one case to the next: the deadline, why the rest is not run, mistakes tried."""
+
+    deadline: float
+    timeout: float
+    stop: str | None = None
+    diagnosed: int = 0
+
+
+def _bad_arguments(seeds, timeout) -> str | None:
+    """What is wrong with ``check``'s seeds or time limit (None if nothing), in words for the learner."""
+    try:
+        seeds_ok = len(seeds) > 0 and all(isinstance(s, numbers.Integral) and not isinstance(s, bool)
+                                          for s in seeds)
+    except TypeError:
+        seeds_ok = False
+    if not seeds_ok:
+        return f"seeds must be a non-empty tuple of integers such as (0, 1, 2), got {safe_text(seeds, repr, 80)}"
+    if not isinstance(timeout, numbers.Real) or isinstance(timeout, bool) or not timeout > 0:
+        return f"timeout must be a positive number of seconds, got {safe_text(timeout, repr, 80)}"
+    return None
+
+
+def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:
+    t0 = time.monotonic()
+    result = CheckResult(ex.name, f"Chapter {ex.chapter} · {ex.title}", hint=ex.hint)
+    bad = _bad_arguments(seeds, timeout)
+    if bad is not None:      # no plan to score against: say so in one row
+        result.rows.append(dict(case="check(...) arguments", kind="values", passed=False, message=bad))
+        return result
+    try:
+        planned = plan(ex, seeds)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        result.rows.append(dict(case="making the test cases", kind="values", passed=False, message=INTERRUPTED))
+        return result
+    except Exception as exc:  # noqa: BLE001 — the exercise's own case generator failed: say so, do not raise
+        result.rows.append(dict(case="making the test cases", kind="values", passed=False,
+                                message=f"internal error in exercise {ex.name!r} (not your code): "
+                                        f"{safe_text(exc, repr)}"))
+        return result
+    stop = None if callable(fn) else (f"check needs the function you wrote, got {type(fn).__name__}: "
+                                      f"check({ex.name!r}, my_function)")
+    run = _Run(deadline=t0 + timeout, timeout=timeout, stop=stop)
+    position: dict = {}
+    for seed, case, checks in planned:
+        index = position[seed] = position.get(seed, -1) + 1   # the same case of another seed: same table line
+        if run.stop is not None:
+            rows = [("skipped", False, f"not run: {run.stop}", c, {}) if result.rows or c is not None
+                    else ("values", False, run.stop, c, {}) for c in [None] + checks]
+        else:
+            try:
+                rows = _run_case(ex, fn, case, checks, run)
+            except KeyboardInterrupt:     # the user pressed stop: report what ran, never kill the notebook
+                result.interrupted, run.stop = True, INTERRUPTED
+                rows = [("values" if c is None else "structure", False, f"not finished: {INTERRUPTED}", c, {})
+                        for c in [None] + checks]
+        for kind, passed, message, check, extra in rows:
+            suffix = f" · structure: {check.label}" if check is not None else ""
+            result.rows.append(dict(case=f"{case.label} seed={seed}{suffix}", label=case.label + suffix,
+                                    group=(index, suffix), seed=seed, kind=kind, passed=passed,
+                                    message=message, **extra))
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _run_case(ex: Exercise, fn, case: Case, checks: list, run: _Run) -> list:
+    """The rows of one case, ``(kind, passed, message, structure check or None, extra fields)``."""
+    try:
+        expected, native = expected_outputs(ex, case)
+    except Exception as exc:  # noqa: BLE001 — the solution failed on its own case
+        return [("values" if c is None else "structure", False,
+                 f"internal error in exercise {ex.name!r} (not your code): {safe_text(exc, repr)}", c, {})
+                for c in [None] + checks]
+    args, kwargs = prepare_args(ex, case)
+    monitors = [c.monitor(case, args, kwargs) for c in checks]
+    hooks = ([PoisonEmpty()] if ex.poison_empty else []) + monitors
+    rows, returned = [], False
+    try:
+        remaining = run.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeLimitReached(f"time limit of {run.timeout:.3g} s for the whole check used up")
+        value = call_with_timeout(fn, args, kwargs, remaining, hooks)
+        returned = True
+    except (LearnerError, TimeLimitReached) as exc:
+        rows.append(("values", False, describe_exception(exc), None, {}))
+        if isinstance(exc, TimeLimitReached):
+            run.stop = "the time limit was reached"
+        elif isinstance(exc.error, NotImplementedError):
+            run.stop = "not implemented yet"
+    except Exception as exc:  # noqa: BLE001 — the call could not be made (no thread to run it in, ...)
+        rows.append(("values", False, f"could not run your code: {safe_text(exc, repr)}", None, {}))
+    finally:
+        for monitor in monitors:
+            monitor.finish()
+    values_ok = False
+    if returned:
+        rows.append(_values_row(ex, outputs_of(ex, value, args), expected, native, case, run))
+        values_ok = rows[-1][1]
+    for c, monitor in zip(checks, monitors):
+        if not returned:
+            rows.append(("structure", False, "not judged: your function did not return", c, {}))
+            continue
+        try:
+            verdict = monitor.verdict()
+        except Exception as exc:  # noqa: BLE001
+            verdict = f"internal error in the structure check (not your code): {safe_text(exc, repr)}"
+        if verdict is None and not values_ok:  # structure only counts for a right answer
+            verdict = "not judged: the values on this case are wrong (see the row above)"
+        rows.append(("structure", verdict is None, verdict or "", c, {}))
+    return rows
+
+
+def _values_row(ex: Exercise, got, expected, native, case: Case, run: _Run) -> tuple:
+    try:
+        judge(ex, got, expected, native, case)
+        return ("values", True, "", None, {})
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 — AssertionError, or a compare choking on odd output
+        error = exc
+    text = safe_text(error) if isinstance(error, AssertionError) else \
+        f"could not compare your result: {safe_text(error, repr)}"
+    diagnosis = type_diagnosis(ex, got, expected, native, case)
+    if not diagnosis and ex.mistakes and run.diagnosed < MAX_DIAGNOSED and run.deadline - time.monotonic() > 0:
+        run.diagnosed += 1
+        diagnosis = match_mistake(ex, got, case, run.deadline - time.monotonic())
+    return ("values", False, f"wrong answer: {text}", None,
+            dict(details=error if isinstance(error, Mismatch) else None, diagnosis=diagnosis))

@@ -1,0 +1,230 @@
+"""Tuning the Triton kernels' launch configurations on the real inputs.
+
+Forward (chapter 4): ``choose_config`` picks what a call runs with — small fixed tiles in the
+CPU world; on a GPU the cached winner of the problem's key, or the result of tuning it now (kept
+in ``CACHE``), or the default.  Backward (chapter 5): ``tune_backward`` times the dK/dV and dQ
+kernels alone for each candidate tile (``scripts/bench_ch5.py --sections tune``).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+
+from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.triton import bwd
+from fa_lab.kernels.triton.config_cache import CACHE
+from fa_lab.kernels.triton.configs import (CPU_CONFIG, FIXED_CONFIG, Variant, candidate_configs, config_key,
+                                           default_config, head_dim_pad, length_bucket)
+from fa_lab.kernels.triton.policy import device_facts, device_index, tuner_extras, ws_fits_problem
+
+#: (key, config, median ms) of every candidate the tuner timed in this process
+TUNING_LOG: list[dict] = []
+
+
+class ResolvedKey(NamedTuple):
+    """What a call's configuration depends on: ``choose_config`` resolves each once per process."""
+
+    device_index: int
+    dtype: torch.dtype
+    head_dim: int
+    q_bucket: int
+    k_bucket: int
+    mask: str
+    space: str
+    ws_fits: bool
+
+
+#: ResolvedKey -> config resolved in this process: the per-call fast path
+_RESOLVED: dict[ResolvedKey, dict] = {}
+
+
+def resolved_configs() -> list[tuple[ResolvedKey, dict]]:
+    """The configurations the forward resolved in this process, oldest first (for benchmark records)."""
+    return list(_RESOLVED.items())
+
+
+def autotune_enabled() -> bool:
+    """Tuning on a cache miss is on unless ``FA_LAB_TRITON_AUTOTUNE`` is 0/false/no."""
+    return os.environ.get("FA_LAB_TRITON_AUTOTUNE", "1").strip() not in ("0", "false", "no")
+
+
+def precompile(launches) -> None:
+    """Compile ``launch(warmup=True)`` for every launch side by side (most of a compile is ptxas,
+    a separate process).
+
+    Through Triton's ``AsyncCompileMode``: the launches (argument binding, cache keys) stay
+    on this thread and only the compile jobs go to the pool.  Calling ``warmup`` from several
+    threads at once is not something Triton's JIT supports.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not hasattr(triton, "AsyncCompileMode"):  # older Triton: compile one by one when timed
+        return
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool, \
+            triton.AsyncCompileMode(pool, ignore_errors=True):
+        for launch in launches:
+            try:
+                launch(warmup=True)
+            except Exception:  # reported when the candidate is timed
+                pass
+
+
+def tune(launch, candidates: list[dict], key: str, *, refine: tuple = ()) -> dict:
+    """Time every candidate on the real inputs and keep the fastest.
+
+    Candidates that fail to compile (out of shared memory or registers) are skipped.  Each
+    dict in ``refine`` is tried on top of the three fastest (e.g. ``{"paired": True}``).
+    The three best are then timed again, longer, and the fastest of that run wins.
+    """
+    from fa_lab.bench.timer import time_fn, time_interleaved
+
+    timed = []
+
+    def time_all(cfgs):
+        precompile([functools.partial(launch, cfg) for cfg in cfgs])
+        for cfg in cfgs:
+            try:
+                launch(cfg)
+                ms = time_fn(lambda: launch(cfg), gpu_ms=(5, 25))["ms"]
+            except Exception as exc:
+                TUNING_LOG.append(dict(key=key, **cfg, ms=None, error=f"{type(exc).__name__}: {str(exc)[:160]}"))
+                continue
+            TUNING_LOG.append(dict(key=key, **cfg, ms=ms))
+            timed.append((ms, cfg))
+
+    time_all(candidates)
+    for extra in refine:
+        # not on top of a warp-specialized config: Triton's pass fails on those combinations
+        time_all([dict(cfg, **extra) for _, cfg in sorted(timed, key=lambda t: t[0])[:3] if not cfg.get("ws")])
+    if not timed:
+        raise RuntimeError(f"no launch configuration compiled for {key}")
+    # The top three again, in interleaved rounds: a 25 ms sample of one candidate can be off
+    # by 5%, and under sustained load the clock drifts down, which would favour whichever
+    # finalist happened to be timed first.  The median of each one's rounds decides.
+    finalists = [cfg for _, cfg in sorted(timed, key=lambda t: t[0])[:3]]
+    rounds = time_interleaved({i: functools.partial(launch, cfg) for i, cfg in enumerate(finalists)},
+                              rounds=6, gpu_ms=(5, 40))
+    ms, best = min(((rounds[i]["ms"], cfg) for i, cfg in enumerate(finalists)), key=lambda t: t[0])
+    TUNING_LOG.append(dict(key=key, **best, ms=ms, final=True))
+    return dict(best, ms=ms)
+
+
+def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: str = "ieee", *,
+                  candidates: list[dict] | None = None, retune: bool = False) -> dict:
+    """CPU world: small fixed tiles.  GPU: the cached winner for this key, else tune (or a default)."""
+    if not ON_GPU:
+        return CPU_CONFIG
+    if variant.space == "fixed":
+        return FIXED_CONFIG
+    space = variant.space + ("-tf32" if work == torch.float32 and precision == "tf32" else "")
+    index = device_index(spec)
+    device, major = device_facts(index)
+    ws_fits = ws_fits_problem(spec, work, major)
+    memo = ResolvedKey(index, work, spec.head_dim, length_bucket(spec.n_q), length_bucket(spec.n_k), spec.mask,
+                       space, ws_fits)
+    cfg = None if retune else _RESOLVED.get(memo)
+    if cfg is not None:
+        return cfg
+    key = config_key(spec, work, space)
+    cfg = None if retune else CACHE.get(device, key)
+    if cfg is None:
+        d_pad = head_dim_pad(spec.head_dim)
+        # exact fp32 products run on the CUDA cores, not the Tensor Cores this chapter tunes for
+        # (and their compiles are slow): they get the default unless asked to retune
+        tensor_cores = work != torch.float32 or precision == "tf32"
+        if retune or (autotune_enabled() and tensor_cores):
+            cands = list(candidates or candidate_configs(variant.space, d_pad, work.itemsize, spec.n_q))
+            refine = ()
+            if candidates is None and variant.space == "pipelined":
+                extra, refine = tuner_extras(spec, work, major)
+                cands += extra
+            cfg = tune(launch, cands, key, refine=refine)
+            CACHE.put(device, key, cfg)
+        else:
+            cfg = default_config(variant.space, d_pad, spec.n_q, spec.mask)
+    if cfg.get("ws") and not ws_fits:
+        # a winner tuned on another problem of the same key (same length buckets) that this one
+        # cannot run warp-specialized: the untuned default instead of a compile error
+        cfg = default_config(variant.space, head_dim_pad(spec.head_dim), spec.n_q, spec.mask)
+    _RESOLVED[memo] = cfg
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward's tiles (chapter 5)
+
+#: tile candidates per padded head dim: (BLOCK_M, BLOCK_N, warps, stages), spill-free for sm_90 (Triton 3.6)
+BWD_TUNE_CANDIDATES = {
+    64: {"dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3), (64, 64, 4, 2),
+                  (16, 128, 4, 3), (32, 64, 4, 3)],
+         "dq": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
+                (64, 64, 8, 3), (128, 32, 4, 3)]},
+    128: {"dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2),
+                   (64, 64, 8, 3)],
+          "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 8, 2),
+                 (64, 64, 4, 2), (64, 32, 4, 3)]},
+}
+
+
+def tune_backward(q, k, v, o, lse, do, spec, candidates: dict | None = None, *, rep: int = 50) -> list[dict]:
+    """Time the dK/dV and dQ kernels alone for every candidate tile; one record per (kernel, tile).
+
+    ``o, lse`` come from any forward (an independent one keeps the two passes' tuning apart);
+    ``candidates`` is ``{"dkdv": [...], "dq": [...]}`` of ``(BLOCK_M, BLOCK_N, warps, stages)``,
+    by default ``BWD_TUNE_CANDIDATES`` of the padded head dim (or the tiles in use, for other head
+    dims).  A record holds ``kernel``, ``config``, ``status`` and, when it ran, ``ms``.
+    """
+    from fa_lab.bench.timer import time_fn
+
+    pre, dkdv, dq, _ = bwd.make_launcher(q.detach(), k.detach(), v.detach(), o, lse, do, spec)
+    pre()
+    cands = candidates or BWD_TUNE_CANDIDATES.get(bwd.block_d(spec.head_dim))
+    if cands is None:  # a head dim without a search list: time the tiles it runs with now
+        dkdv_tile, dq_tile = bwd.configs(spec, q.dtype)
+        cands = {"dkdv": [dkdv_tile], "dq": [dq_tile]}
+    jobs = [(dkdv, "dkdv", tuple(c)) for c in cands["dkdv"]] + [(dq, "dq", tuple(c)) for c in cands["dq"]]
+    precompile([functools.partial(launch, cfg) for launch, _, cfg in jobs])
+    records = []
+    for launch, kernel, cfg in jobs:
+        rec = dict(kernel=kernel, config=list(cfg))
+        try:
+            launch(cfg)
+            rec["ms"] = time_fn(lambda: launch(cfg), gpu_ms=(10, rep))["ms"]
+            rec["status"] = "ok"
+        except Exception as exc:
+            rec["status"] = f"error: {type(exc).__name__}: {str(exc)[:160]}"
+        records.append(rec)
+    return records
+
+
+def best_backward_tiles(records) -> dict[int, tuple[tuple, tuple]]:
+    """``{head_dim: (dkdv tile, dq tile)}``: per head dim and kernel, the tile with the least time
+    summed over the tuned rows, among the tiles that ran on all of them.
+
+    Records need ``head_dim``, ``kernel``, ``config``, ``status`` and ``ms`` (``tune_backward``'s
+    records with the row's head dim added).
+    """
+    import collections
+
+    totals = collections.defaultdict(float)
+    counts = collections.Counter()
+    for r in records:
+        if r.get("status") == "ok":
+            key = (r["head_dim"], r["kernel"], tuple(r["config"]))
+            totals[key] += r["ms"]
+            counts[key] += 1
+    best = {}
+    for d in sorted({key[0] for key in totals}):
+        tiles = []
+        for kernel in ("dkdv", "dq"):
+            ran = {key[2]: t for key, t in totals.items() if key[:2] == (d, kernel)}
+            most = max((counts[(d, kernel, tile)] for tile in ran), default=0)
+            if ran:
+                tiles.append(min((t, tile) for tile, t in ran.items() if counts[(d, kernel, tile)] == most)[1])
+        if len(tiles) == 2:  # both kernels have a tile that ran
+            best[d] = tuple(tiles)
+    return best
