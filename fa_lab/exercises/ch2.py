@@ -1,6 +1,7 @@
 """Chapter 2 exercises: merging two online-softmax states, and one-pass attention over key blocks."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,30 +28,45 @@ def online_attention(q, k, v, block_n: int, causal: bool = False):
     unnormalised output ``acc``; never build the full (Nq, Nk) score matrix: each
     block of keys is loaded once, for all query rows together.
     """
+    return _one_pass(q, k, v, block_n, causal)
+
+
+def _one_pass(q, k, v, block_n, causal=False, *, rescale_acc=True, carry_max=True, bottom_right=True,
+              drop_tail=False, scale=True, log2=False, init_rows=True):
+    """``online_attention``'s loop.  Each keyword set away from its default makes one classic
+    mistake (``ONLINE_MISTAKES``), so the solution and its wrong twins share every other line."""
     n_q, d = q.shape
     n_k = k.shape[0]
     m_i = torch.full((n_q,), float("-inf"), dtype=q.dtype)
     l_i = torch.zeros(n_q, dtype=q.dtype)
     acc = torch.zeros(n_q, d, dtype=q.dtype)
     rows = torch.arange(n_q)[:, None]
-    for start in range(0, n_k, block_n):
+    stop = n_k // block_n * block_n if drop_tail else n_k
+    for start in range(0, stop, block_n):
         kb, vb = k[start:start + block_n], v[start:start + block_n]
-        s = q @ kb.T / math.sqrt(d)
+        s = q @ kb.T / (math.sqrt(d) if scale else 1.0)
         if causal:  # this block's part of the bottom-right mask, from index arithmetic
             cols = torch.arange(start, start + kb.shape[0])[None, :]
-            s = s.masked_fill(cols > rows + (n_k - n_q), float("-inf"))
-        m_new = torch.maximum(m_i, s.amax(dim=1))
+            s = s.masked_fill(cols > rows + ((n_k - n_q) if bottom_right else 0), float("-inf"))
+        m_new = torch.maximum(m_i, s.amax(dim=1)) if carry_max else s.amax(dim=1)
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         alpha = torch.exp(m_i - m_safe)          # rescale what was summed under the old max
         p = torch.exp(s - m_safe[:, None])
         l_i = l_i * alpha + p.sum(dim=1)
-        acc = acc * alpha[:, None] + p @ vb
+        acc = (acc * alpha[:, None] if rescale_acc else acc) + p @ vb
         m_i = m_new
     seen = l_i > 0
     l_safe = torch.where(seen, l_i, torch.ones_like(l_i))
+    lse = m_i + torch.log(l_safe)
+    if log2:
+        lse = lse / math.log(2)
+    if not init_rows:  # only the rows that saw a key are written
+        o, lse_out = torch.empty_like(acc), torch.empty_like(l_i)
+        o[seen] = acc[seen] / l_safe[seen, None]
+        lse_out[seen] = lse[seen]
+        return o, lse_out
     o = torch.where(seen[:, None], acc / l_safe[:, None], torch.zeros_like(acc))
-    lse = torch.where(seen, m_i + torch.log(l_safe), torch.full_like(l_i, float("-inf")))
-    return o, lse
+    return o, torch.where(seen, lse, torch.full_like(l_i, float("-inf")))
 
 
 # --------------------------------------------------------------------------- cases
@@ -137,43 +153,9 @@ def _merge_nan_when_empty(m_a, l_a, m_b, l_b):
     return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m)
 
 
-def _mistaken_online(*, rescale_acc=True, carry_max=True, bottom_right=True, drop_tail=False, scale=True,
-                     log2=False, init_rows=True):
-    """online_attention with one thing wrong (each flag is one classic mistake)."""
-    def fn(q, k, v, block_n, causal=False):
-        n_q, d = q.shape
-        n_k = k.shape[0]
-        m_i = torch.full((n_q,), float("-inf"), dtype=q.dtype)
-        l_i = torch.zeros(n_q, dtype=q.dtype)
-        acc = torch.zeros(n_q, d, dtype=q.dtype)
-        rows = torch.arange(n_q)[:, None]
-        stop = n_k // block_n * block_n if drop_tail else n_k
-        for start in range(0, stop, block_n):
-            kb, vb = k[start:start + block_n], v[start:start + block_n]
-            s = q @ kb.T / (math.sqrt(d) if scale else 1.0)
-            if causal:
-                cols = torch.arange(start, start + kb.shape[0])[None, :]
-                s = s.masked_fill(cols > rows + ((n_k - n_q) if bottom_right else 0), float("-inf"))
-            m_new = torch.maximum(m_i, s.amax(dim=1)) if carry_max else s.amax(dim=1)
-            m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            alpha = torch.exp(m_i - m_safe)
-            p = torch.exp(s - m_safe[:, None])
-            l_i = l_i * alpha + p.sum(dim=1)
-            acc = (acc * alpha[:, None] if rescale_acc else acc) + p @ vb
-            m_i = m_new
-        seen = l_i > 0
-        l_safe = torch.where(seen, l_i, torch.ones_like(l_i))
-        lse = m_i + torch.log(l_safe)
-        if log2:
-            lse = lse / math.log(2)
-        if not init_rows:  # only the rows that saw a key are written
-            o, lse_out = torch.empty_like(acc), torch.empty_like(l_i)
-            o[seen] = acc[seen] / l_safe[seen, None]
-            lse_out[seen] = lse[seen]
-            return o, lse_out
-        o = torch.where(seen[:, None], acc / l_safe[:, None], torch.zeros_like(acc))
-        return o, torch.where(seen, lse, torch.full_like(l_i, float("-inf")))
-    return fn
+def _mistaken_online(**mistake):
+    """online_attention with one thing wrong (each keyword of ``_one_pass`` is one classic mistake)."""
+    return functools.partial(_one_pass, **mistake)
 
 
 ONLINE_MISTAKES = (

@@ -17,6 +17,7 @@ from numba import cuda
 from fa_lab.core.registry import register
 from fa_lab.core.world import pick
 from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.heads import batch_head
 
 TILE = pick(cpu=4, gpu=16)  # threads per block side; the simulator runs one Python thread per CUDA thread
 
@@ -24,12 +25,10 @@ TILE = pick(cpu=4, gpu=16)  # threads per block side; the simulator runs one Pyt
 @cuda.jit
 def scores(Q, K, S, scale, left, right, group):
     j, i = cuda.grid(2)
-    bh = cuda.blockIdx.z
     H, Nq, Nk = Q.shape[1], Q.shape[2], K.shape[2]
     if i >= Nq or j >= Nk:
         return
-    b, h = bh // H, bh % H
-    hk = h // group
+    b, h, hk = batch_head(cuda.blockIdx.z, H, group)   # one grid layer per (batch, head); hk: its K/V head
     diag = i + Nk - Nq
     if (left >= 0 and j < diag - left) or (right >= 0 and j > diag + right):
         S[b, h, i, j] = -math.inf
@@ -73,12 +72,10 @@ def softmax_rows(S, LSE):
 @cuda.jit
 def pv(P, V, O, group):
     d, i = cuda.grid(2)
-    bh = cuda.blockIdx.z
     H, Nq, D = O.shape[1], O.shape[2], O.shape[3]
     if i >= Nq or d >= D:
         return
-    b, h = bh // H, bh % H
-    hk = h // group
+    b, h, hk = batch_head(cuda.blockIdx.z, H, group)
     acc = 0.0
     for j in range(P.shape[3]):
         acc += P[b, h, i, j] * V[b, hk, j, d]

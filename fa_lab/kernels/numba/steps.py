@@ -31,6 +31,7 @@ from numba import cuda, float32, uint32, uint64
 from fa_lab.core.registry import register
 from fa_lab.core.world import pick
 from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.heads import head_starts
 from fa_lab.kernels.numba.tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled, simulator_speed
 
 ROWWISE_THREADS = pick(cpu=4, gpu=128)
@@ -55,12 +56,10 @@ def build_rowwise(d_pad: int):
         bh = cuda.blockIdx.y
         if i >= Nq:
             return
-        b, h = bh // H, bh % H
-        hk = h // group
+        q_head, kv_head = head_starts(bh, H, group, Nq, Nk, D)   # this head's Q/O, its (grouped) K/V head
         scale = float32(scale_)
         u_d = uint64(D)
-        q_row = (uint64(bh) * uint64(Nq) + uint64(i)) * u_d
-        kv_head = (uint64(b) * uint64(H // group) + uint64(hk)) * uint64(Nk) * u_d
+        q_row = q_head + uint64(i) * u_d
         q = cuda.local.array(D_PAD, float32)
         acc = cuda.local.array(D_PAD, float32)
         for d in range(D_PAD):
@@ -118,12 +117,10 @@ def build_smem(d_pad: int):
         tid = cuda.threadIdx.x
         i = cuda.blockIdx.x * BLOCK_M + tid
         bh = cuda.blockIdx.y
-        b, h = bh // H, bh % H
-        hk = h // group
+        q_head, kv_head = head_starts(bh, H, group, Nq, Nk, D)   # this head's Q/O, its (grouped) K/V head
         scale = float32(scale_)
         u_d = uint64(D)
-        q_row = (uint64(bh) * uint64(Nq) + uint64(i)) * u_d
-        kv_head = (uint64(b) * uint64(H // group) + uint64(hk)) * uint64(Nk) * u_d
+        q_row = q_head + uint64(i) * u_d
         k_s = cuda.shared.array(TILE, float32)       # [n][d]
         v_s = cuda.shared.array(TILE, float32)
         q = cuda.local.array(D_PAD, float32)

@@ -36,6 +36,7 @@ from numba import cuda, float32, uint32, uint64
 from fa_lab.core.registry import register
 from fa_lab.core.world import ON_GPU, pick
 from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.heads import head_starts
 
 #: Head dims are padded up to one of these; each has its own compiled kernel.
 HEAD_DIM_BUCKETS = (16, 32, 64, 128)
@@ -137,9 +138,10 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     end" (Python's ``a[-1]``): three extra integer instructions per load, more than the
     arithmetic they feed in the inner loops.  So the hot loops index flat arrays with
     *unsigned* offsets (``uint32``/``uint64``): a per-thread base, plus the loop counter,
-    plus a constant per register-tile element (``uint32(i * STEP)`` folds to a constant
-    once Numba unrolls ``for i in range(ROWS)``).  They step with ``while`` loops on
-    unsigned counters, which compile to pointer increments and loads at fixed offsets.
+    plus a constant per register-tile element (``uint32(i * a_step)`` folds to a constant
+    once the compiler unrolls ``rank1_update``'s loops over the register tile).  They step
+    with ``while`` loops on unsigned counters, which compile to pointer increments and loads
+    at fixed offsets.
     """
     cfg.check()
     BLOCK_M, BLOCK_N, THREADS_N, D_PAD = cfg.block_m, cfg.block_n, cfg.threads_n, cfg.d_pad
@@ -166,6 +168,20 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     if ON_GPU and cfg.max_registers:          # the simulator's jit takes no register cap
         options["max_registers"] = cfg.max_registers
 
+    @cuda.jit(device=True, inline="always")
+    def rank1_update(out, a, b, A, a_at, a_step, B, b_at, b_step):
+        # out += a bᵀ with a[i] = A[a_at + i·a_step], b[j] = B[b_at + j·b_step]: one step (one d, or one
+        # key) of a register-tiled product.  Each value read from shared memory goes to a register
+        # once and feeds a whole row (or column) of the thread's tile of out.  out is a local array of
+        # compile-time shape, so the loops unroll and, inlined, out, a and b stay in registers.
+        for i in range(out.shape[0]):
+            a[i] = A[a_at + uint32(i * a_step)]
+        for j in range(out.shape[1]):
+            b[j] = B[b_at + uint32(j * b_step)]
+        for i in range(out.shape[0]):
+            for j in range(out.shape[1]):
+                out[i, j] += a[i] * b[j]
+
     @cuda.jit(**options)
     def flash_attention_fwd(Q, K, V, O, LSE, H, group, Nq, Nk, D, scale_, left, right):
         # Q, O: flat (B, H, Nq, D); K, V: flat (B, H // group, Nk, D); LSE: flat (B, H, Nq).
@@ -173,8 +189,6 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         # so the long blocks do not start last and leave the GPU idle at the end.
         tile = cuda.gridDim.x - 1 - cuda.blockIdx.x
         bh = cuda.blockIdx.y
-        b, h = bh // H, bh % H
-        hk = h // group                       # grouped-query attention: index the shared K/V head
         tid = cuda.threadIdx.x
         ty, tx = tid // THREADS_N, tid % THREADS_N
         m_start = tile * BLOCK_M
@@ -182,8 +196,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         scale = float32(scale_)
         shift = Nk - Nq                       # bottom-right alignment: row i sits at key i + Nk - Nq
         u_d = uint64(D)
-        q_head = uint64(bh) * uint64(Nq) * u_d                      # where this head's Q (and O) start
-        kv_head = (uint64(b) * uint64(H // group) + uint64(hk)) * uint64(Nk) * u_d
+        q_head, kv_head = head_starts(bh, H, group, Nq, Nk, D)   # this head's Q (and O), its K/V head (GQA)
 
         q_s = cuda.shared.array(Q_SIZE, float32)     # Q tile [m][d], pre-scaled
         kv_s = cuda.shared.array(KV_SIZE, float32)   # K tile [n][d] (padded rows), V tile [n][d]
@@ -258,14 +271,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
                     s[i, j] = ZERO
             d = U0
             while d < U_D_PAD:
-                q_at, k_at = q_base + d, k_base + d
-                for i in range(ROWS):
-                    a[i] = q_s[q_at + uint32(i * Q_ROW_STEP)]
-                for j in range(KEYS):
-                    bv[j] = kv_s[k_at + uint32(j * K_COL_STEP)]
-                for i in range(ROWS):
-                    for j in range(KEYS):
-                        s[i, j] += a[i] * bv[j]
+                rank1_update(s, a, bv, q_s, q_base + d, Q_ROW_STEP, kv_s, k_base + d, K_COL_STEP)
                 d += U1
 
             # Mask element by element only where the tile is not entirely visible to every row.
@@ -323,14 +329,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
             n = U0
             v_at = v_base
             while n < U_BLOCK_N:
-                p_at = p_base + n
-                for i in range(ROWS):
-                    a[i] = p_s[p_at + uint32(i * P_ROW_STEP)]
-                for c in range(DIMS):
-                    bv[c] = kv_s[v_at + uint32(c * THREADS_N)]
-                for i in range(ROWS):
-                    for c in range(DIMS):
-                        acc[i, c] += a[i] * bv[c]
+                rank1_update(acc, a, bv, p_s, p_base + n, P_ROW_STEP, kv_s, v_at, THREADS_N)
                 n += U1
                 v_at += U_D_PAD
 
