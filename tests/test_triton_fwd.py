@@ -14,7 +14,8 @@ import fa_lab
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv
 from fa_lab.kernels.triton import (CPU_CONFIG, FIXED_CONFIG, ConfigCache, Variant, candidate_configs, config_key,
-                                   fast_launch, kernel, key_block_ranges, triton_forward, ws_fits_problem)
+                                   fast_launch, kernel, key_block_ranges, key_ranges, triton_forward,
+                                   ws_fits_problem)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 MASKS = [
@@ -354,6 +355,58 @@ def test_key_block_ranges_cover_every_visible_key_once_and_skip_the_rest():
                 assert masked or (tile.all() and s + bn <= n_k), "a mask-free block hides a key"
                 seen[s:s + bn] = True
             assert not (rows.any(0) & ~seen).any(), "a visible key is never visited"
+
+
+def test_kernel_visible_range_is_exact_and_agrees_with_key_block_ranges():
+    # the @triton.jit arithmetic that the forward and both backward kernels share, run as a kernel,
+    # against brute force over the block's rows; key_block_ranges (its Python twin) must agree
+    import random
+
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def ranges(OUT, n_rows, n_cols, left, right, BLOCK: tl.constexpr, HAS_LEFT: tl.constexpr,
+               HAS_RIGHT: tl.constexpr):
+        pid = tl.program_id(0)
+        lo, hi, full_lo, full_hi = key_ranges.visible_range(start=pid * BLOCK, n_rows=n_rows, n_cols=n_cols,
+                                                            left=left, right=right, BLOCK=BLOCK,
+                                                            HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
+        tl.store(OUT + pid * 4, lo)
+        tl.store(OUT + pid * 4 + 1, hi)
+        tl.store(OUT + pid * 4 + 2, full_lo)
+        tl.store(OUT + pid * 4 + 3, full_hi)
+
+    rng = random.Random(1)
+    for _ in range(40):
+        block, block_n = rng.choice([16, 32]), rng.choice([16, 32, 64])
+        n_rows, n_cols = rng.randint(1, 120), rng.randint(1, 120)
+        left, right = rng.choice([-1, 0, rng.randint(0, 90)]), rng.choice([-1, 0, rng.randint(0, 90)])
+        n_blocks = triton.cdiv(n_rows, block)
+        out = torch.full((n_blocks * 4,), -99, dtype=torch.int32, device=fa_lab.DEVICE)
+        ranges[(n_blocks,)](out, n_rows, n_cols, max(left, 0), max(right, 0), BLOCK=block,
+                            HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0)
+        case = dict(n_rows=n_rows, n_cols=n_cols, left=left, right=right, block=block)
+        cols = torch.arange(n_cols)
+        for b, (lo, hi, full_lo, full_hi) in enumerate(out.view(-1, 4).tolist()):
+            # every row of the block, also those past n_rows (the kernels' tiles have them too)
+            rows = torch.arange(b * block, (b + 1) * block)[:, None] + (n_cols - n_rows)
+            sees = torch.ones(block, n_cols, dtype=torch.bool)
+            if left >= 0:
+                sees &= cols >= rows - left
+            if right >= 0:
+                sees &= cols <= rows + right
+            some, every = cols[sees.any(0)].tolist(), cols[sees.all(0)].tolist()
+            if some:
+                assert (lo, hi) == (some[0], some[-1] + 1), case
+            else:
+                assert hi <= lo, case
+            assert list(range(full_lo, full_hi)) == every, case
+            # the forward's split of the same keys into tiles: the Python twin
+            py_lo, mid_lo, mid_hi, py_hi = key_block_ranges(b * block, block, block_n, n_rows, n_cols, left, right)
+            assert (py_lo, py_hi) == (lo // block_n * block_n, max(hi, lo)), case
+            whole = [s for s in range(0, n_cols, block_n) if full_lo <= s and s + block_n <= full_hi]
+            assert list(range(mid_lo, mid_hi, block_n)) == whole, case
 
 
 # ---- repeated launches straight through the compiled kernel (fast_launch) and its guard ----

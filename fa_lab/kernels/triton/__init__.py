@@ -13,7 +13,7 @@ Other packages import from here only.  The modules, one idea each:
 ``tuner``          choosing and tuning launch configurations (forward and backward)
 ``fwd``            ``triton_forward``, registered as ``triton``
 ``bwd``            the backward kernels and ``triton_backward``
-``key_ranges``     the forward's key-loop bounds in Python
+``key_ranges``     which keys a query block sees: the kernels' ``visible_range`` and its Python twin
 =================  ===========================================================================
 """
 from fa_lab.kernels.triton.bwd import triton_backward

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.triton.key_ranges import visible_range
 
 LOG2E = 1.4426950408889634   # exp(x) = exp2(x · log2 e): exp2 is the fast instruction
 
@@ -59,20 +60,44 @@ def bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
 
 
 @triton.jit
+def load_transposed(ptr, offs, stride, stride_d, n, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    MASK: tl.constexpr):
+    """Rows ``offs`` of a ``(rows, HEAD_DIM)`` matrix as a ``[BLOCK_D, len(offs)]`` tile (one row a column):
+    zeros past ``HEAD_DIM`` and, under ``MASK``, for rows past ``n``."""
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = offs_d[:, None] < HEAD_DIM
+    if MASK:
+        mask = mask & (offs[None, :] < n)
+    return tl.load(ptr + offs[None, :] * stride + offs_d[:, None] * stride_d, mask=mask, other=0.0)
+
+
+@triton.jit
+def phase_bounds(lo, hi, full_lo, full_hi, BLOCK: tl.constexpr):
+    """``(mid, end_mid)``: tiles of ``BLOCK`` from ``lo``; ``[mid, end_mid)`` are the whole tiles inside
+    ``[full_lo, full_hi)`` (no mask), ``[lo, mid)`` and ``[end_mid, hi)`` the masked ones around them."""
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), tl.maximum(hi, lo))
+    full_hi = tl.minimum(full_hi, hi)
+    mid = lo + tl.cdiv(full_lo - lo, BLOCK) * BLOCK
+    end_mid = mid + tl.maximum(full_hi - mid, 0) // BLOCK * BLOCK
+    return mid, end_mid
+
+
+@triton.jit
 def dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta,
                 stride_qm, stride_qd, stride_dom, stride_dod,
                 start_m, offs_n, N_Q, N_K, qk_scale, WIN_LEFT, WIN_RIGHT,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                 HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr,
                 PRECISION: tl.constexpr):
-    """One query block against this program's key block; works on the transposes (keys as rows)."""
+    """One query block against this program's key block: dV += Pᵀ dO, dK += dSᵀ Q.
+
+    Works on the transposes (keys as rows): Sᵀ = K Qᵀ, so that Pᵀ is already the left operand of Pᵀ dO.
+    """
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    ld = offs_d[:, None] < HEAD_DIM
-    if MASK:
-        ld = ld & (offs_m[None, :] < N_Q)
-    qT = tl.load(Q + offs_m[None, :] * stride_qm + offs_d[:, None] * stride_qd, mask=ld, other=0.0)
-    doT = tl.load(DO + offs_m[None, :] * stride_dom + offs_d[:, None] * stride_dod, mask=ld, other=0.0)
+    qT = load_transposed(ptr=Q, offs=offs_m, stride=stride_qm, stride_d=stride_qd, n=N_Q,
+                         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASK=MASK)
+    doT = load_transposed(ptr=DO, offs=offs_m, stride=stride_dom, stride_d=stride_dod, n=N_Q,
+                          HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASK=MASK)
     if MASK:
         lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))
         Di = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)
@@ -145,22 +170,11 @@ def bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
 
     # Query rows that see some key of this block: [lo, hi).  Rows in [full_lo, full_hi) see
     # all of them, so their blocks skip the mask.  (Keys past N_K need no mask here: their
-    # dK/dV rows are never stored.)
-    shift = N_K - N_Q
-    lo = 0
-    hi = N_Q
-    full_lo = 0
-    full_hi = N_Q
-    if HAS_RIGHT:
-        lo = tl.maximum(start_n - shift - WIN_RIGHT, 0)
-        full_lo = start_n + BLOCK_N - 1 - shift - WIN_RIGHT
-    if HAS_LEFT:
-        hi = tl.minimum(start_n + BLOCK_N - shift + WIN_LEFT, N_Q)
-        full_hi = start_n - shift + WIN_LEFT + 1
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), tl.maximum(hi, lo))
-    full_hi = tl.minimum(full_hi, hi)
-    mid = lo + tl.cdiv(full_lo - lo, BLOCK_M) * BLOCK_M
-    end_mid = mid + tl.maximum(full_hi - mid, 0) // BLOCK_M * BLOCK_M
+    # dK/dV rows are never stored.)  The forward's question with the mask transposed: key j
+    # sees query i when query i sees key j, so the window's sides swap.
+    lo, hi, full_lo, full_hi = visible_range(start=start_n, n_rows=N_K, n_cols=N_Q, left=WIN_RIGHT, right=WIN_LEFT,
+                                             BLOCK=BLOCK_N, HAS_LEFT=HAS_RIGHT, HAS_RIGHT=HAS_LEFT)
+    mid, end_mid = phase_bounds(lo=lo, hi=hi, full_lo=full_lo, full_hi=full_hi, BLOCK=BLOCK_M)
 
     # One flat loop per phase over (query head of the group, query block): the group's sum happens
     # in registers, and a flat loop keeps fewer registers live than two nested ones.
@@ -172,24 +186,17 @@ def bwd_dkdv(Q, K, V, DO, LSE2, Delta, DK, DV,
     row_ptr = (b * H + hk * group) * N_Q
     lse_ptr = LSE2 + row_ptr
     delta_ptr = Delta + row_ptr
-    dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
-                       stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
-                       stride_dom=stride_dom, stride_dod=stride_dod, start=lo, n_blocks=n_pre, group=group,
-                       offs_n=offs_n, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
-                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-                       MASK=True, PRECISION=PRECISION)
-    dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
-                       stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
-                       stride_dom=stride_dom, stride_dod=stride_dod, start=mid, n_blocks=n_mid, group=group,
-                       offs_n=offs_n, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
-                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-                       MASK=False, PRECISION=PRECISION)
-    dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
-                       stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
-                       stride_dom=stride_dom, stride_dod=stride_dod, start=end_mid, n_blocks=n_post, group=group,
-                       offs_n=offs_n, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
-                       HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-                       MASK=True, PRECISION=PRECISION)
+    # the three phases, unrolled at compile time: masked, without a mask, masked
+    starts = (lo, mid, end_mid)
+    counts = (n_pre, n_mid, n_post)
+    for phase in tl.static_range(3):
+        dk, dv = dkdv_loop(dk=dk, dv=dv, k=k, v=v, Q=q_ptr, DO=do_ptr, LSE2=lse_ptr, Delta=delta_ptr,
+                           stride_qh=stride_qh, stride_qm=stride_qm, stride_qd=stride_qd, stride_doh=stride_doh,
+                           stride_dom=stride_dom, stride_dod=stride_dod, start=starts[phase],
+                           n_blocks=counts[phase], group=group, offs_n=offs_n, N_Q=N_Q, N_K=N_K,
+                           qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT, HEAD_DIM=HEAD_DIM,
+                           BLOCK_M=BLOCK_M, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
+                           MASK=phase != 1, PRECISION=PRECISION)
 
     out = b * stride_gb + hk * stride_gh + offs_n[:, None] * stride_gn + offs_d[None, :] * stride_gd
     tl.store(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
@@ -203,14 +210,12 @@ def dq_inner(dq, q, do, lse2, Di, K, V,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, MASK: tl.constexpr,
               PRECISION: tl.constexpr):
-    """This program's query block against one key block."""
+    """This program's query block against one key block: dQ += dS K, with dS = P ∘ (dP - D)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    ld = offs_d[:, None] < HEAD_DIM
-    if MASK:
-        ld = ld & (offs_n[None, :] < N_K)
-    kT = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None] * stride_kd, mask=ld, other=0.0)
-    vT = tl.load(V + offs_n[None, :] * stride_vn + offs_d[:, None] * stride_vd, mask=ld, other=0.0)
+    kT = load_transposed(ptr=K, offs=offs_n, stride=stride_kn, stride_d=stride_kd, n=N_K,
+                         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASK=MASK)
+    vT = load_transposed(ptr=V, offs=offs_n, stride=stride_vn, stride_d=stride_vd, n=N_K,
+                         HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASK=MASK)
     p = tl.math.exp2(tl.dot(q, kT, input_precision=PRECISION) * qk_scale - lse2[:, None])
     if MASK:   # keys past N_K are zeros, whose exp is not: they need the mask too
         diag = offs_m[:, None] + (N_K - N_Q)
@@ -259,43 +264,22 @@ def bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # Keys that some row of this block sees: [lo, hi); all rows see [full_lo, full_hi).
-    shift = N_K - N_Q
-    end_m = tl.minimum(start_m + BLOCK_M, N_Q)
-    lo = 0
-    hi = N_K
-    full_lo = 0
-    full_hi = N_K
-    if HAS_LEFT:
-        lo = tl.maximum(start_m + shift - WIN_LEFT, 0)
-        full_lo = start_m + BLOCK_M - 1 + shift - WIN_LEFT
-    if HAS_RIGHT:
-        hi = tl.minimum(end_m + shift + WIN_RIGHT, N_K)
-        full_hi = start_m + shift + WIN_RIGHT + 1
-    full_lo = tl.minimum(tl.maximum(full_lo, lo), tl.maximum(hi, lo))
-    full_hi = tl.minimum(full_hi, hi)
-    mid = lo + tl.cdiv(full_lo - lo, BLOCK_N) * BLOCK_N
-    end_mid = mid + tl.maximum(full_hi - mid, 0) // BLOCK_N * BLOCK_N
+    lo, hi, full_lo, full_hi = visible_range(start=start_m, n_rows=N_Q, n_cols=N_K, left=WIN_LEFT, right=WIN_RIGHT,
+                                             BLOCK=BLOCK_M, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
+    mid, end_mid = phase_bounds(lo=lo, hi=hi, full_lo=full_lo, full_hi=full_hi, BLOCK=BLOCK_N)
 
     k_ptr = K + b * stride_kb + hk * stride_kh
     v_ptr = V + b * stride_vb + hk * stride_vh
-    for start_n in range(lo, mid, BLOCK_N):
-        dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
-                      stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, offs_m=offs_m,
-                      N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
-                      HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-                      MASK=True, PRECISION=PRECISION)
-    for start_n in range(mid, end_mid, BLOCK_N):
-        dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
-                      stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, offs_m=offs_m,
-                      N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
-                      HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-                      MASK=False, PRECISION=PRECISION)
-    for start_n in range(end_mid, hi, BLOCK_N):
-        dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
-                      stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n, offs_m=offs_m,
-                      N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
-                      HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT,
-                      MASK=True, PRECISION=PRECISION)
+    # the three phases, unrolled at compile time: keys [lo, mid) masked, [mid, end_mid) without a
+    # mask, [end_mid, hi) masked
+    bounds = (lo, mid, end_mid, hi)
+    for phase in tl.static_range(3):
+        for start_n in range(bounds[phase], bounds[phase + 1], BLOCK_N):
+            dq = dq_inner(dq=dq, q=q, do=do, lse2=lse2, Di=Di, K=k_ptr, V=v_ptr, stride_kn=stride_kn,
+                          stride_kd=stride_kd, stride_vn=stride_vn, stride_vd=stride_vd, start_n=start_n,
+                          offs_m=offs_m, N_Q=N_Q, N_K=N_K, qk_scale=qk_scale, WIN_LEFT=WIN_LEFT, WIN_RIGHT=WIN_RIGHT,
+                          HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_LEFT=HAS_LEFT,
+                          HAS_RIGHT=HAS_RIGHT, MASK=phase != 1, PRECISION=PRECISION)
 
     tl.store(DQ + b * stride_gb + h * stride_gh + offs_m[:, None] * stride_gm + offs_d[None, :] * stride_gd,
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=qd_mask)

@@ -37,6 +37,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fa_lab.kernels.triton.key_ranges import visible_range
+
 LOG2E = 1.4426950408889634  # 1 / ln 2: exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln 2: lse = (m + log2 l) * LN2
 
@@ -157,17 +159,10 @@ def attn_fwd_block(desc_q, desc_k, desc_v, desc_k_edge, desc_v_edge, q_row, kv_r
         mid_hi = n_k
     elif SKIP_MASKED:
         # keys [lo, hi) that some row of this block sees; [full_lo, full_hi) that all rows see
-        lo = 0
-        hi = n_k
-        full_lo = 0
-        full_hi = n_k
-        if HAS_LEFT:
-            lo = tl.maximum(m0 + diag - left, 0)
-            full_lo = tl.maximum(m0 + BLOCK_M - 1 + diag - left, 0)
-        if HAS_RIGHT:
-            hi = tl.minimum(m0 + BLOCK_M + diag + right, n_k)
-            full_hi = tl.maximum(tl.minimum(m0 + diag + right + 1, n_k), 0)
+        lo, hi, full_lo, full_hi = visible_range(start=m0, n_rows=n_q, n_cols=n_k, left=left, right=right,
+                                                 BLOCK=BLOCK_M, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
         hi = tl.maximum(hi, lo)  # a block that sees no key at all: every range empty
+        # in whole BLOCK_N tiles: [lo, mid_lo) masked, [mid_lo, mid_hi) without a mask, [mid_hi, hi) masked
         lo = lo // BLOCK_N * BLOCK_N
         mid_lo = tl.minimum(tl.maximum((full_lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N, lo), hi)
         mid_hi = tl.maximum(full_hi // BLOCK_N * BLOCK_N, mid_lo)
@@ -276,30 +271,21 @@ def attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_head
         # causal: query block i sees ~i key blocks.  Pair block i with block last - i, so that
         # every program does the same amount of work (and there are half as many programs).
         last = tl.cdiv(n_q, BLOCK_M) - 1
-        attn_fwd_block(desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, desc_k_edge=desc_k_edge,
-                       desc_v_edge=desc_v_edge, q_row=q_row, kv_row=kv_row, O=o_bh, LSE=lse_bh,
-                       pid_m=last - pid_m, n_q=n_q, n_k=n_k, left=left, right=right, qk_scale=qk_scale,
-                       HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                       BLOCK_N_EDGE=BLOCK_N_EDGE, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EXP2=EXP2,
-                       SKIP_MASKED=SKIP_MASKED, EDGES=EDGES, PRECISION=PRECISION,
-                       WARP_SPECIALIZE=WARP_SPECIALIZE, EMU=EMU)
-        if pid_m < last - pid_m:
+        first = last - pid_m
+    elif HAS_RIGHT:
+        # causal-like: the last query blocks see the most keys; launch them first so the
+        # short ones fill the gaps at the end (less idle time in the last wave)
+        first = tl.num_programs(0) - 1 - pid_m
+    else:
+        first = pid_m
+    # one block, or a pair: unrolled at compile time (static_range), no loop in the kernel.  A pair's
+    # second block is pid_m, unless that is `first` itself (the middle one of an odd count)
+    for t in tl.static_range(2 if PAIRED else 1):
+        if t == 0 or pid_m < first:
             attn_fwd_block(desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, desc_k_edge=desc_k_edge,
                            desc_v_edge=desc_v_edge, q_row=q_row, kv_row=kv_row, O=o_bh, LSE=lse_bh,
-                           pid_m=pid_m, n_q=n_q, n_k=n_k, left=left, right=right, qk_scale=qk_scale,
-                           HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                           pid_m=first if t == 0 else pid_m, n_q=n_q, n_k=n_k, left=left, right=right,
+                           qk_scale=qk_scale, HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                            BLOCK_N_EDGE=BLOCK_N_EDGE, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EXP2=EXP2,
                            SKIP_MASKED=SKIP_MASKED, EDGES=EDGES, PRECISION=PRECISION,
                            WARP_SPECIALIZE=WARP_SPECIALIZE, EMU=EMU)
-    else:
-        if HAS_RIGHT:
-            # causal-like: the last query blocks see the most keys; launch them first so the
-            # short ones fill the gaps at the end (less idle time in the last wave)
-            pid_m = tl.num_programs(0) - 1 - pid_m
-        attn_fwd_block(desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, desc_k_edge=desc_k_edge,
-                       desc_v_edge=desc_v_edge, q_row=q_row, kv_row=kv_row, O=o_bh, LSE=lse_bh,
-                       pid_m=pid_m, n_q=n_q, n_k=n_k, left=left, right=right, qk_scale=qk_scale,
-                       HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                       BLOCK_N_EDGE=BLOCK_N_EDGE, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EXP2=EXP2,
-                       SKIP_MASKED=SKIP_MASKED, EDGES=EDGES, PRECISION=PRECISION,
-                       WARP_SPECIALIZE=WARP_SPECIALIZE, EMU=EMU)
