@@ -29,7 +29,8 @@ from fa_lab.core import registry
 # Only the modules this benchmark needs: a chapter in progress elsewhere cannot break it.
 registry.IMPLEMENTATION_MODULES[:] = [m for m in registry.IMPLEMENTATION_MODULES
                                       if m in ("fa_lab.core.reference", "fa_lab.kernels.naive", "fa_lab.kernels.online",
-                                               "fa_lab.kernels.numba.naive", "fa_lab.kernels.numba.tiled", "fa_lab.kernels.numba.steps")]
+                                               "fa_lab.kernels.numba.naive", "fa_lab.kernels.numba.tiled",
+                                               "fa_lab.kernels.numba.steps")]
 
 import torch  # noqa: E402
 
@@ -89,7 +90,8 @@ def check() -> list[dict]:
     cases = [((1, 2, 2, 1, 1, 16), {}), ((2, 4, 2, 1000, 777, 64), dict(causal=True)),
              ((1, 4, 1, 333, 1025, 128), {}), ((1, 3, 3, 700, 300, 80), dict(causal=True)),
              ((2, 2, 2, 513, 513, 32), dict(window=(100, 0))), ((1, 8, 2, 260, 1000, 100), dict(window=(37, 45))),
-             ((1, 2, 1, 129, 2000, 7), dict(causal=True, window=(64, -1))), ((2, 16, 16, 4096, 4096, 64), dict(causal=True))]
+             ((1, 2, 1, 129, 2000, 7), dict(causal=True, window=(64, -1))),
+             ((2, 16, 16, 4096, 4096, 64), dict(causal=True))]
     out = []
     for (B, H, Hkv, Nq, Nk, D), mask in cases:
         q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, seed=Nq + D)

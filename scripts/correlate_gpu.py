@@ -56,7 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="gpu_ch6")
     ap.add_argument("--no-ceilings", action="store_true")
     ap.add_argument("--budget-s", type=float, default=300, help="stop timing new shapes after this many seconds")
-    ap.add_argument("--dry-run", action="store_true", help="go through the jobs without timing (tests the script on a CPU)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="go through the jobs without timing (tests the script on a CPU)")
     ap.add_argument("--recalibrate", action="store_true",
                     help="no measuring: re-fit the model on fa_lab/data/<name>.json and rewrite its predictions")
     args = ap.parse_args(argv)

@@ -174,7 +174,7 @@ def _pages() -> list[str]:
     """Every HTML page of the built book, as paths relative to _build/html."""
     skip = ("_static", "_sources", "_images")
     return sorted(p.relative_to(HTML).as_posix() for p in HTML.rglob("*.html")
-                  if not p.relative_to(HTML).parts[0] in skip)
+                  if p.relative_to(HTML).parts[0] not in skip)
 
 
 def _is_redirect(rel: str) -> bool:

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fa_lab
-from fa_lab.kernels.numba import steps as numba_steps
-from fa_lab.kernels.numba import tiled as nt
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv
+from fa_lab.kernels.numba import steps as numba_steps
+from fa_lab.kernels.numba import tiled as nt
 
 STEPS = [name for name in numba_steps.STEPS if name != "numba_naive"]   # the chapter's kernels, in order
 
@@ -47,6 +47,7 @@ def test_numba_tiled_matches_reference(case):
     assert_close(lse, ref_lse, torch.float32, what="numba_tiled lse")
 
 
+@pytest.mark.slow   # the steps' fast-tier case is tests/test_attention.py's STEP_SHAPE, under every mask
 @pytest.mark.parametrize("name", STEPS[:-1])
 @pytest.mark.parametrize("case", [CASES[3], CASES[6]], ids=[_id(CASES[3]), _id(CASES[6])])
 def test_steps_match_reference(name, case):

@@ -13,9 +13,20 @@ import torch
 import fa_lab
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv
-from fa_lab.kernels.triton import (CPU_CONFIG, FIXED_CONFIG, ConfigCache, Variant, candidate_configs, config_key,
-                                   fast_launch, kernel, key_block_ranges, key_ranges, triton_forward,
-                                   ws_fits_problem)
+from fa_lab.kernels.triton import (
+    CPU_CONFIG,
+    FIXED_CONFIG,
+    ConfigCache,
+    Variant,
+    candidate_configs,
+    config_key,
+    fast_launch,
+    kernel,
+    key_block_ranges,
+    key_ranges,
+    triton_forward,
+    ws_fits_problem,
+)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 MASKS = [

@@ -112,7 +112,8 @@ def label(meta) -> str:
     """'NVIDIA H100 80GB HBM3 · torch 2.11 · triton 3.6 · 2026-11-21' — how the book captions recorded data."""
     if not meta:
         return NO_DATA
-    return f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · {str(meta.get('date'))[:10]}"
+    return (f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · "
+            f"{str(meta.get('date'))[:10]}")
 
 
 # ----------------------------------------------------------------------------- the benchmark suite's recordings

@@ -76,7 +76,8 @@ class Implementation:
         if not lo <= spec.head_dim <= hi:
             return f"implementation {self.name!r} supports head dims {lo}..{hi}, got {spec.head_dim}"
         if spec.group > 1 and not self.gqa:
-            return f"implementation {self.name!r} does not support grouped-query attention (H={spec.heads}, Hkv={spec.kv_heads})"
+            return (f"implementation {self.name!r} does not support grouped-query attention "
+                    f"(H={spec.heads}, Hkv={spec.kv_heads})")
         if not (self.host_only or self.any_device):   # a kernel tied to the world's device
             want = "cuda" if world == "gpu" else "cpu"
             if spec.device.type != want:

@@ -5,6 +5,8 @@ dtype the kernel computes in (fp16/bf16 inputs and Tensor Core products are roun
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 from fa_lab.core.world import DEVICE
@@ -30,6 +32,15 @@ TOLERANCE = {
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCE[dtype]
+
+
+def stable_seed(*parts) -> int:
+    """A seed in ``[0, 2**31)`` made from ``parts``, the same in every process and on every machine.
+
+    Python's ``hash()`` of a string is salted per process (PYTHONHASHSEED), so a seed taken
+    from it cannot replay a failure; the CRC-32 of the parts' ``repr`` can.
+    """
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
 def random_qkv(batch=1, heads=2, n_q=16, n_k=None, head_dim=16, *, kv_heads=None,

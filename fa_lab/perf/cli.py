@@ -78,7 +78,8 @@ def configure(parser) -> None:
                    help="also time the kernel on this machine's GPU (exit status 1 without one)")
     h.add_argument("--hardware-kernel", default="sdpa-flash",
                    help="sdpa-flash, sdpa-efficient, sdpa-cudnn, sdpa-math (PyTorch SDPA backends) or any fa_lab "
-                        "implementation (triton, numba_tiled, …); also picks the tile sizes and efficiency of the model")
+                        "implementation (triton, numba_tiled, …); "
+                        "also picks the tile sizes and efficiency of the model")
     h.add_argument("--profile-iters", type=int, default=20,
                    help="timed repetitions (CPU world; on a GPU do_bench fills its 100 ms budget)")
     h.add_argument("--gpu-clock-khz", type=float, default=None,
@@ -189,7 +190,8 @@ def _print(report: dict) -> None:
     print(f"problem   B={p.batch} H={p.heads} Hkv={p.kv_heads} Nq={p.n_q} Nk={p.n_k} D={p.head_dim} Dv={p.head_dim_v} "
           f"mask={p.mask}{' window=' + str(p.window) if p.window else ''} dtype={dtype}")
     print(f"device    {device.name}{' (measured ceilings)' if device.measured else ' (datasheet)'}: "
-          f"{device.peak_flops(dtype, km.unit) / 1e12:.1f} TFLOP/s {pred.unit}, {device.hbm_bandwidth / 1e12:.2f} TB/s, "
+          f"{device.peak_flops(dtype, km.unit) / 1e12:.1f} TFLOP/s {pred.unit}, "
+          f"{device.hbm_bandwidth / 1e12:.2f} TB/s, "
           f"{device.sm_count} SMs, {pred.clock_mhz:.0f} MHz")
     as_kernel = f" (as {kernel}: {km.note})" if report["algorithm"] == km.algorithm else ""
     print(f"algorithm {report['algorithm']} {blocks or ''}{as_kernel}")
@@ -197,9 +199,11 @@ def _print(report: dict) -> None:
           f"| executed tiles {counts.flops_executed:.4g}")
     print(f"traffic   HBM no-cache {_fmt_bytes(counts.hbm_bytes)} | compulsory {_fmt_bytes(counts.compulsory_bytes)} "
           f"| DRAM estimate (L2) {_fmt_bytes(pred.dram_bytes)}")
-    print(f"intensity {counts.intensity:.1f} FLOP/B (no cache), {counts.flops_executed / pred.dram_bytes:.1f} (L2 estimate); "
+    print(f"intensity {counts.intensity:.1f} FLOP/B (no cache), "
+          f"{counts.flops_executed / pred.dram_bytes:.1f} (L2 estimate); "
           f"ridge {device.peak_flops(dtype, km.unit) / device.hbm_bandwidth:.1f}")
-    print(f"ideal     {ideal.time_s * 1e3:.4f} ms = max(compute {ideal.t_compute * 1e3:.4f} [mma {ideal.t_mma * 1e3:.4f} "
+    print(f"ideal     {ideal.time_s * 1e3:.4f} ms = max(compute {ideal.t_compute * 1e3:.4f} "
+          f"[mma {ideal.t_mma * 1e3:.4f} "
           f"{'max' if cal.exp_overlap else '+'} exp {ideal.t_exp * 1e3:.4f}], memory {ideal.t_memory * 1e3:.4f}) "
           f"— {ideal.bound} bound, {ideal.cycles:.4g} cycles")
     print(f"predicted {pred.time_s * 1e3:.4f} ms, {pred.cycles:.4g} cycles at {pred.clock_mhz:.0f} MHz "
@@ -257,7 +261,8 @@ def _measure(args, counts, pred) -> dict:
     rec.update(gpu=torch.cuda.get_device_name(0), seconds=seconds, cycles=seconds * clock_mhz * 1e6,
                tflops=counts.flops / seconds / 1e12, tflops_executed=counts.flops_executed / seconds / 1e12,
                measured_over_predicted=seconds / pred.time_s, error=pred.time_s / seconds - 1)
-    print(f"measured  {rec['ms']:.4f} ms (p10 {rec['ms_p10']:.4f}, p90 {rec['ms_p90']:.4f}; {rec['timer']}) on {rec['gpu']}: "
+    print(f"measured  {rec['ms']:.4f} ms (p10 {rec['ms_p10']:.4f}, p90 {rec['ms_p90']:.4f}; {rec['timer']}) "
+          f"on {rec['gpu']}: "
           f"{rec['tflops']:.1f} TFLOP/s, {rec['cycles']:.4g} cycles at {clock_mhz:.0f} MHz")
     print(f"ratio     measured / predicted = {rec['measured_over_predicted']:.3f} "
           f"(model error {rec['error'] * 100:+.1f}%)")

@@ -117,7 +117,10 @@ def kernel_blocks(kernel: str, p: Problem) -> dict:
 
 
 def measure(kernel: str, p: Problem, *, rep: int = 10, seed: int = 0) -> dict:
-    """Time ``kernel`` on ``p``: ``{'status': 'ok', 'ms': …, 'ms_p10', 'ms_p90', 'timer'}``, or a status saying why not."""
+    """Time ``kernel`` on ``p``.
+
+    Returns ``{'status': 'ok', 'ms': …, 'ms_p10', 'ms_p90', 'timer'}``, or a status saying why not.
+    """
     out = dict(kernel=peers.canonical_name(kernel), world=WORLD)
     try:
         fn = make_call(kernel, p, seed)

@@ -110,7 +110,10 @@ class Problem:
 # Counting the mask: rows, pairs, tiles
 # ------------------------------------------------------------------------------------------
 def key_ranges(n_q: int, n_k: int, left: int, right: int) -> tuple[np.ndarray, np.ndarray]:
-    """``lo, hi`` per query row: row ``i`` sees keys ``[lo[i], hi[i])`` (``fa_lab.core.masks.key_range``, vectorised)."""
+    """``lo, hi`` per query row: row ``i`` sees keys ``[lo[i], hi[i])``.
+
+    ``fa_lab.core.masks.key_range``, vectorised.
+    """
     diag = np.arange(n_q, dtype=np.int64) + (n_k - n_q)
     lo = np.zeros(n_q, np.int64) if left < 0 else np.maximum(0, diag - left)
     hi = np.full(n_q, n_k, np.int64) if right < 0 else np.minimum(n_k, diag + right + 1)

@@ -117,7 +117,8 @@ def predict(counts: Counts, device: Device, *, unit: str = "auto", eff_compute: 
     main = max(phases, key=lambda d: d["time_s"])
     clock = float(clock_mhz or device.boost_clock_mhz)
     return Prediction(device.name, dtype, unit_used, peak, bw, device.exp_rate, eff_compute, eff_memory,
-                      exp_overlap, overhead_tiles, t_mma, t_exp, t_comp, t_mem, total, main["bound"], dram, clock, total * clock * 1e6, phases)
+                      exp_overlap, overhead_tiles, t_mma, t_exp, t_comp, t_mem, total, main["bound"], dram, clock,
+                      total * clock * 1e6, phases)
 
 
 def attainable(intensity, device: Device, dtype: str = "fp16", unit: str = "auto"):

@@ -17,8 +17,16 @@ import triton
 from fa_lab.core.world import ON_GPU
 from fa_lab.kernels.triton import bwd
 from fa_lab.kernels.triton.config_cache import CACHE
-from fa_lab.kernels.triton.configs import (CPU_CONFIG, FIXED_CONFIG, Variant, candidate_configs, config_key,
-                                           default_config, head_dim_pad, length_bucket)
+from fa_lab.kernels.triton.configs import (
+    CPU_CONFIG,
+    FIXED_CONFIG,
+    Variant,
+    candidate_configs,
+    config_key,
+    default_config,
+    head_dim_pad,
+    length_bucket,
+)
 from fa_lab.kernels.triton.policy import device_facts, device_index, tuner_extras, ws_fits_problem
 
 #: (key, config, median ms) of every candidate the tuner timed in this process
