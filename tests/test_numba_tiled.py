@@ -5,7 +5,9 @@ whose tiles are 4 x 4 (``fa_lab.pick``): small shapes still span several query a
 tiles, tails included.  ``tests/test_attention.py`` also covers every registered step.
 """
 import math
+import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,6 +59,29 @@ def test_steps_match_reference(name, case):
     ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, **mask))
     assert_close(o, ref_o, torch.float32, what=f"{name} O")
     assert_close(lse, ref_lse, torch.float32, what=f"{name} lse")
+
+
+@pytest.mark.skipif(fa_lab.ON_GPU, reason="about the Numba CUDA simulator")
+def test_threads_of_a_simulated_block_share_its_shared_arrays(monkeypatch):
+    # The simulator plays each CUDA thread with a Python thread, and each thread fetches the block's
+    # shared arrays itself when it first reaches them.  A thread switch at that moment must not give two
+    # threads two different arrays (each would see only the part of a tile it loaded itself).  Left to
+    # chance such a switch hits about 1 launch in 1000; an np.empty that yields the GIL makes it happen
+    # in most launches, so a few launches would fail unless the arrays are handed out atomically.
+    real_empty = np.empty
+
+    def yielding_empty(*args, **kwargs):
+        time.sleep(0)   # let the block's other threads run here
+        return real_empty(*args, **kwargs)
+
+    q, k, v = random_qkv(1, 2, 7, 2, 16, seed=0)   # 2 query tiles, one key tile, a tail on each side
+    ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v))
+    monkeypatch.setattr(np, "empty", yielding_empty)
+    for name in ("numba_tiled", "numba_smem"):      # both chapter 3 kernels with shared memory
+        for _ in range(6):
+            o, lse = fa_lab.attention(q, k, v, impl=name, return_lse=True)
+            assert_close(o, ref_o, torch.float32, what=f"{name} O")
+            assert_close(lse, ref_lse, torch.float32, what=f"{name} lse")
 
 
 def test_steps_are_registered_for_chapter_3():
@@ -123,6 +148,8 @@ def test_tile_configs_are_consistent():
         nt.TileConfig(128, 64, 16, 16, 128).check()
     with pytest.raises(ValueError, match="multiple"):
         nt.TileConfig(64, 30, 16, 8, 64).check()
+    with pytest.raises(ValueError, match="block_n\\*d_pad=128 must be a multiple of 256"):
+        nt.TileConfig(64, 8, 32, 8, 16).check()   # 256 threads, 128 K elements a tile: LOADS would be 0
 
 
 def test_hbm_traffic_model():

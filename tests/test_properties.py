@@ -225,7 +225,7 @@ def assert_nonfinite_contract(got, want, leak, dtype, what, lse=False):
     An inf in v makes O inf, which a kernel may round to NaN (0 * inf where P underflows);
     ``lse=True``: -inf is a row with no key, a value to match exactly.
     """
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    got, want, leak = got.detach().double().cpu(), want.detach().double().cpu(), leak.cpu()
     must = ~torch.isfinite(want) & ~(torch.isneginf(want) if lse else torch.zeros_like(want, dtype=torch.bool))
     missing = must & torch.isfinite(got) | torch.isnan(want) & ~torch.isnan(got)
     if missing.any():
@@ -295,4 +295,4 @@ def test_visible_only_judge_is_the_reference_on_finite_inputs():
     q, k, v = make_inputs(p)
     spec = fa_lab.make_spec(q, k, v, scale=p.scale, **p.mask)
     for ours, theirs in zip(visible_only_reference(q, k, v, spec), reference_attention(q, k, v, spec)):
-        assert torch.allclose(ours, theirs, atol=1e-12, equal_nan=False)
+        assert torch.allclose(ours, theirs.cpu(), atol=1e-12, equal_nan=False)

@@ -79,16 +79,14 @@ class TileConfig:
         return self.d_pad // self.threads_n
 
     def shared_bytes(self) -> int:
-        q = self.block_m * (self.d_pad + 1)
-        k = self.block_n * (self.d_pad + 1)
-        v = self.block_n * self.d_pad
-        p = self.block_m * (self.block_n + 1)
-        red = self.block_m * (self.threads_n + 1)
+        q, p, red = (self.block_m * (n + 1) for n in (self.d_pad, self.block_n, self.threads_n))
+        k, v = self.block_n * (self.d_pad + 1), self.block_n * self.d_pad
         return 4 * (q + (max(k, v) if self.share_kv else k + v) + p + red)
 
     def check(self) -> "TileConfig":
         for what, big, small in (("block_m", self.block_m, self.threads_m), ("block_n", self.block_n, self.threads_n),
-                                 ("d_pad", self.d_pad, self.threads_n)):
+                                 ("d_pad", self.d_pad, self.threads_n),   # and no K/V tile element left unloaded:
+                                 ("block_n*d_pad", self.block_n * self.d_pad, self.threads)):
             if big % small:
                 raise ValueError(f"{what}={big} must be a multiple of {small}: {self}")
         if self.shared_bytes() > SHARED_LIMIT:
@@ -146,23 +144,19 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     cfg.check()
     BLOCK_M, BLOCK_N, THREADS_N, D_PAD = cfg.block_m, cfg.block_n, cfg.threads_n, cfg.d_pad
     THREADS_M, THREADS, ROWS, KEYS, DIMS = cfg.threads_m, cfg.threads, cfg.rows, cfg.keys, cfg.dims
-    Q_STRIDE = D_PAD + 1              # +1 float per row: threads reading one column hit different banks
-    K_STRIDE = D_PAD + 1
-    P_STRIDE = BLOCK_N + 1
-    R_STRIDE = THREADS_N + 1
+    Q_STRIDE = K_STRIDE = D_PAD + 1   # +1 float per row: threads reading one column hit different banks
+    P_STRIDE, R_STRIDE = BLOCK_N + 1, THREADS_N + 1
     V_OFFSET = 0 if cfg.share_kv else BLOCK_N * K_STRIDE
     KV_SIZE = max(BLOCK_N * K_STRIDE, BLOCK_N * D_PAD) if cfg.share_kv else BLOCK_N * (K_STRIDE + D_PAD)
     Q_SIZE, P_SIZE, R_SIZE = BLOCK_M * Q_STRIDE, BLOCK_M * P_STRIDE, BLOCK_M * R_STRIDE
     LOADS = BLOCK_N * D_PAD // THREADS    # elements of a K (or V) tile each thread loads
-    SHARE_KV = cfg.share_kv
-    SKIP = skip_masked_tiles
+    SHARE_KV, SKIP = cfg.share_kv, skip_masked_tiles
     B_LEN = max(DIMS, KEYS)
     ACC_SHAPE, S_SHAPE = (ROWS, DIMS), (ROWS, KEYS)
     Q_ROW_STEP, P_ROW_STEP, R_ROW_STEP = THREADS_M * Q_STRIDE, THREADS_M * P_STRIDE, THREADS_M * R_STRIDE
     K_COL_STEP = THREADS_N * K_STRIDE
     ZERO = float32(0.0)
-    U0, U1 = np.uint32(0), np.uint32(1)
-    U_D_PAD, U_BLOCK_N, U_K_STRIDE = np.uint32(D_PAD), np.uint32(BLOCK_N), np.uint32(K_STRIDE)
+    U0, U1, U_D_PAD, U_BLOCK_N, U_K_STRIDE = (np.uint32(x) for x in (0, 1, D_PAD, BLOCK_N, K_STRIDE))
 
     options = dict(fastmath=True)
     if ON_GPU and cfg.max_registers:          # the simulator's jit takes no register cap
@@ -368,7 +362,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
 
 @contextlib.contextmanager
 def simulator_speed():
-    """In the simulator, hand the GIL between the Python threads that play CUDA threads quickly.
+    """In the simulator, run the Python threads that play CUDA threads quickly, and faithfully.
 
     Every ``syncthreads`` waits for all threads of the block; with Python's default 5 ms
     switch interval each barrier costs milliseconds.  0.1 ms makes the simulated kernels
@@ -377,12 +371,26 @@ def simulator_speed():
     if ON_GPU:
         yield
         return
-    old = sys.getswitchinterval()
+    from numba.cuda.simulator import kernelapi
+    old, simulator_array = sys.getswitchinterval(), kernelapi.FakeCUDAShared.array
+
+    def shared_array(shared, shape, dtype, alignment=None):
+        # The simulator keys a launch's shared arrays on the calling line and makes a missing one by look-up,
+        # np.empty, store: a thread switch in between gives two threads of a block two different "shared"
+        # arrays, each filled only in its part (numba_tiled: about 1 wrong answer in 1000 launches).  Here
+        # look-up and store are one dict.setdefault, atomic under the GIL.  (Kernels pass Numba dtypes.)
+        if shape == 0 or alignment is not None:      # dynamic shared memory (one buffer), or refused
+            return simulator_array(shared, shape, dtype, alignment)
+        line = sys._getframe(1).f_code.co_filename, sys._getframe(1).f_lineno
+        return shared._allocations.setdefault(line, np.empty(shape, kernelapi.numpy_support.as_dtype(dtype)))
+
     sys.setswitchinterval(1e-4)
+    kernelapi.FakeCUDAShared.array = shared_array
     try:
         yield
     finally:
         sys.setswitchinterval(old)
+        kernelapi.FakeCUDAShared.array = simulator_array
 
 
 def launch_tiled(q, k, v, spec, *, cfg: TileConfig | None = None, skip_masked_tiles: bool = True, name="numba_tiled"):
