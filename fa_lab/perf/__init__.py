@@ -9,16 +9,16 @@ and correlate it with what the GPU measures (``fa-lab correlate``).
 """
 from fa_lab.perf.devices import DEVICES, Device, device_names, get_device, select, sim_device_names
 from fa_lab.perf.model import (
-                               ALGORITHMS,
-                               MASKS,
-                               Counts,
-                               Problem,
-                               count,
-                               flash_backward_counts,
-                               flash_forward_counts,
-                               naive_counts,
-                               tiles,
-                               visible_pairs,
+    ALGORITHMS,
+    MASKS,
+    Counts,
+    Problem,
+    count,
+    flash_backward_counts,
+    flash_forward_counts,
+    naive_counts,
+    tiles,
+    visible_pairs,
 )
 from fa_lab.perf.roofline import Prediction, attainable, predict
 

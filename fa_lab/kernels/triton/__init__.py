@@ -19,15 +19,15 @@ Other packages import from here only.  The modules, one idea each:
 from fa_lab.kernels.triton.bwd import triton_backward
 from fa_lab.kernels.triton.config_cache import CACHE, ConfigCache
 from fa_lab.kernels.triton.configs import (
-                                           CONFIG_KEYS,
-                                           CPU_CONFIG,
-                                           FINAL,
-                                           FIXED_CONFIG,
-                                           Variant,
-                                           candidate_configs,
-                                           config_key,
-                                           default_config,
-                                           head_dim_pad,
+    CONFIG_KEYS,
+    CPU_CONFIG,
+    FINAL,
+    FIXED_CONFIG,
+    Variant,
+    candidate_configs,
+    config_key,
+    default_config,
+    head_dim_pad,
 )
 from fa_lab.kernels.triton.fwd import triton_forward
 from fa_lab.kernels.triton.key_ranges import key_block_ranges

@@ -15,18 +15,9 @@ import torch
 import triton
 
 from fa_lab.core.world import ON_GPU
-from fa_lab.kernels.triton import bwd
+from fa_lab.kernels.triton import bwd, configs
 from fa_lab.kernels.triton.config_cache import CACHE
-from fa_lab.kernels.triton.configs import (
-    CPU_CONFIG,
-    FIXED_CONFIG,
-    Variant,
-    candidate_configs,
-    config_key,
-    default_config,
-    head_dim_pad,
-    length_bucket,
-)
+from fa_lab.kernels.triton.configs import CPU_CONFIG, FIXED_CONFIG, Variant
 from fa_lab.kernels.triton.policy import device_facts, device_index, tuner_extras, ws_fits_problem
 
 #: (key, config, median ms) of every candidate the tuner timed in this process
@@ -132,20 +123,20 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
     index = device_index(spec)
     device, major = device_facts(index)
     ws_fits = ws_fits_problem(spec, work, major)
-    memo = ResolvedKey(index, work, spec.head_dim, length_bucket(spec.n_q), length_bucket(spec.n_k), spec.mask,
-                       space, ws_fits)
+    memo = ResolvedKey(index, work, spec.head_dim, configs.length_bucket(spec.n_q), configs.length_bucket(spec.n_k),
+                       spec.mask, space, ws_fits)
     cfg = None if retune else _RESOLVED.get(memo)
     if cfg is not None:
         return cfg
-    key = config_key(spec, work, space)
+    key = configs.config_key(spec, work, space)
     cfg = None if retune else CACHE.get(device, key)
     if cfg is None:
-        d_pad = head_dim_pad(spec.head_dim)
+        d_pad = configs.head_dim_pad(spec.head_dim)
         # exact fp32 products run on the CUDA cores, not the Tensor Cores this chapter tunes for
         # (and their compiles are slow): they get the default unless asked to retune
         tensor_cores = work != torch.float32 or precision == "tf32"
         if retune or (autotune_enabled() and tensor_cores):
-            cands = list(candidates or candidate_configs(variant.space, d_pad, work.itemsize, spec.n_q))
+            cands = list(candidates or configs.candidate_configs(variant.space, d_pad, work.itemsize, spec.n_q))
             refine = ()
             if candidates is None and variant.space == "pipelined":
                 extra, refine = tuner_extras(spec, work, major)
@@ -153,11 +144,11 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
             cfg = tune(launch, cands, key, refine=refine)
             CACHE.put(device, key, cfg)
         else:
-            cfg = default_config(variant.space, d_pad, spec.n_q, spec.mask)
+            cfg = configs.default_config(variant.space, d_pad, spec.n_q, spec.mask)
     if cfg.get("ws") and not ws_fits:
         # a winner tuned on another problem of the same key (same length buckets) that this one
         # cannot run warp-specialized: the untuned default instead of a compile error
-        cfg = default_config(variant.space, head_dim_pad(spec.head_dim), spec.n_q, spec.mask)
+        cfg = configs.default_config(variant.space, configs.head_dim_pad(spec.head_dim), spec.n_q, spec.mask)
     _RESOLVED[memo] = cfg
     return cfg
 
