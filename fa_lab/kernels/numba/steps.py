@@ -30,9 +30,9 @@ from numba import cuda, float32, uint32, uint64
 
 from fa_lab.core.registry import register
 from fa_lab.core.world import pick
-from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.bridge import as_array, require_float32, simulator_speed, stream
 from fa_lab.kernels.numba.heads import head_starts
-from fa_lab.kernels.numba.tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled, simulator_speed
+from fa_lab.kernels.numba.tiled import MAX_HEAD_DIM, NEG_BIG, head_dim_bucket, launch_tiled
 
 ROWWISE_THREADS = pick(cpu=4, gpu=128)
 SMEM_BLOCK_M = pick(cpu=4, gpu=128)

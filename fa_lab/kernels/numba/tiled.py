@@ -23,10 +23,8 @@ compiled per ``TileConfig``: one per head-dim bucket (D padded with zeros to 16,
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +33,7 @@ from numba import cuda, float32, uint32, uint64
 
 from fa_lab.core.registry import register
 from fa_lab.core.world import ON_GPU, pick
-from fa_lab.kernels.numba.bridge import as_array, require_float32, stream
+from fa_lab.kernels.numba.bridge import as_array, require_float32, simulator_speed, stream
 from fa_lab.kernels.numba.heads import head_starts
 
 #: Head dims are padded up to one of these; each has its own compiled kernel.
@@ -360,39 +358,6 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     return flash_attention_fwd
 
 
-@contextlib.contextmanager
-def simulator_speed():
-    """In the simulator, run the Python threads that play CUDA threads quickly, and faithfully.
-
-    Every ``syncthreads`` waits for all threads of the block; with Python's default 5 ms
-    switch interval each barrier costs milliseconds.  0.1 ms makes the simulated kernels
-    about 8x faster.  On a GPU this does nothing.
-    """
-    if ON_GPU:
-        yield
-        return
-    from numba.cuda.simulator import kernelapi
-    old, simulator_array = sys.getswitchinterval(), kernelapi.FakeCUDAShared.array
-
-    def shared_array(shared, shape, dtype, alignment=None):
-        # The simulator keys a launch's shared arrays on the calling line and makes a missing one by look-up,
-        # np.empty, store: a thread switch in between gives two threads of a block two different "shared"
-        # arrays, each filled only in its part (numba_tiled: about 1 wrong answer in 1000 launches).  Here
-        # look-up and store are one dict.setdefault, atomic under the GIL.  (Kernels pass Numba dtypes.)
-        if shape == 0 or alignment is not None:      # dynamic shared memory (one buffer), or refused
-            return simulator_array(shared, shape, dtype, alignment)
-        line = sys._getframe(1).f_code.co_filename, sys._getframe(1).f_lineno
-        return shared._allocations.setdefault(line, np.empty(shape, kernelapi.numpy_support.as_dtype(dtype)))
-
-    sys.setswitchinterval(1e-4)
-    kernelapi.FakeCUDAShared.array = shared_array
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(old)
-        kernelapi.FakeCUDAShared.array = simulator_array
-
-
 def launch_tiled(q, k, v, spec, *, cfg: TileConfig | None = None, skip_masked_tiles: bool = True, name="numba_tiled"):
     """Run the tiled kernel; returns ``(o, lse)``.  ``cfg`` overrides the per-head-dim choice."""
     require_float32(spec, name)
@@ -447,4 +412,4 @@ register(
 )(numba_tiled)
 
 __all__ = ["TileConfig", "HEAD_DIM_BUCKETS", "MAX_HEAD_DIM", "build_kernel", "config_for", "head_dim_bucket",
-           "launch_tiled", "numba_tiled", "hbm_bytes", "simulator_speed", "GPU_CONFIGS", "CPU_CONFIGS"]
+           "launch_tiled", "numba_tiled", "hbm_bytes", "GPU_CONFIGS", "CPU_CONFIGS"]
