@@ -15,7 +15,6 @@ from fa_lab.bench.timer import back_to_back_ms, time_fn
 from fa_lab.core import registry
 from fa_lab.core.dtypes import as_dtype, long_name
 from fa_lab.core.flops import spec_flops
-from fa_lab.core.spec import make_spec
 from fa_lab.core.testing import random_qkv
 from fa_lab.core.world import DEVICE, ON_GPU, WORLD
 
@@ -106,10 +105,7 @@ def benchmark(impl: str, *, batch=1, heads=4, seq_len=128, seq_len_k=None, head_
             raise ValueError(f"implementation {impl!r} has no backward; mode {mode!r} needs one")
         q, k, v = random_qkv(batch, heads, seq_len, seq_len_k, head_dim, kv_heads=kv_heads,
                              dtype=dtype, device=DEVICE, seed=seed, requires_grad=grad)
-        spec = make_spec(q, k, v, causal=causal, window=window)
-        why = implementation.unsupported(spec, WORLD)
-        if why:
-            raise ValueError(why)
+        spec = registry.check(implementation, q, k, v, causal=causal, window=window)
         call, fn, do = _timed_call(implementation, registered, q, k, v, spec, mode, dict(causal=causal, window=window))
         record.update(time_fn(fn, warmup=warmup, rep=rep, gpu_ms=gpu_ms))
         record["flops"] = spec_flops(spec, mode)

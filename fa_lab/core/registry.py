@@ -127,6 +127,11 @@ def checked_spec(impl: str, q, k, v, **mask) -> tuple[Implementation, AttentionS
     would otherwise silently carry no gradient.
     """
     implementation = get(impl)
+    return implementation, check(implementation, q, k, v, **mask)
+
+
+def check(implementation: Implementation, q, k, v, **mask) -> AttentionSpec:
+    """``checked_spec`` for an implementation already in hand (a registered one, or a benchmark peer)."""
     spec = make_spec(q, k, v, **mask)
     if spec.device.type == "meta":   # a spec may describe shapes alone (the models do); a run needs data
         raise ValueError("q, k, v are meta tensors (shapes without data): attention needs real tensors; "
@@ -137,10 +142,10 @@ def checked_spec(impl: str, q, k, v, **mask) -> tuple[Implementation, AttentionS
     if not (implementation.backward or implementation.autograd) and torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad):
         with_backward = ", ".join(n for n, i in implementations().items() if i.backward)
-        raise ValueError(f"implementation {impl!r} has no backward pass, but q, k or v requires grad: its output "
-                         f"would carry no gradient. Use one with a backward ({with_backward}), or call it "
-                         "under torch.no_grad() or on detached tensors.")
-    return implementation, spec
+        raise ValueError(f"implementation {implementation.name!r} has no backward pass, but q, k or v requires "
+                         f"grad: its output would carry no gradient. Use one with a backward ({with_backward}), "
+                         "or call it under torch.no_grad() or on detached tensors.")
+    return spec
 
 
 def _load_all() -> None:

@@ -71,16 +71,12 @@ def make_call(kernel: str, p: Problem, seed: int = 0):
         # SDPA given the mask as a tensor where its flags cannot say it (correlate models that)
         return peers.bind(name, q, k, v, problem_spec(p, q.device), mask_tensor=True)
 
-    from fa_lab.core.registry import get
-    from fa_lab.core.spec import make_spec
+    from fa_lab.core.registry import check, get
 
     impl = get(kernel)   # ValueError listing the known names
     if p.head_dim_v != p.head_dim:
         raise ValueError(f"fa_lab kernels need Dv == D (got D={p.head_dim}, Dv={p.head_dim_v}); the model does not")
-    spec = make_spec(q, k, v, **_mask_args(p))
-    why = impl.unsupported(spec, WORLD)
-    if why:
-        raise ValueError(why)
+    spec = check(impl, q, k, v, **_mask_args(p))
     # straight to the kernel: the spec is checked once here, not on every timed call
     return lambda: impl.fn(q, k, v, spec)
 
