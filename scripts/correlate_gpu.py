@@ -149,17 +149,16 @@ def save(name, records, measured, directory, *, command, **extra):
 def recalibrate(name: str) -> int:
     """Re-fit and re-annotate a recording in fa_lab/data with the current model (no GPU needed)."""
     path = DATA_DIR / f"{name}.json"
-    blob = json.loads(path.read_text())
-    meta = blob["meta"]
+    meta, records = recorded.read(path)
     cblob = json.loads((DATA_DIR / f"{name}_ceilings.json").read_text())
     measured = devices.ceilings_from_blob(cblob)
-    meta.update(annotate(blob["records"], measured, meta.get("device")), ceilings=measured)
+    meta.update(annotate(records, measured, meta.get("device")), ceilings=measured)
     for old in ("efficiency", "efficiency_datasheet"):
         meta.pop(old, None)
     meta["recalibrated"] = (f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}: "
                             "predictions re-fitted by `python scripts/correlate_gpu.py --recalibrate` "
                             "(measurements unchanged)")
-    path.write_text(json.dumps(blob, indent=1, default=str))
+    recorded.write(path, records, meta)
     print(f"rewrote {path}")
     return 0
 

@@ -110,16 +110,14 @@ def merge_into_earlier(earlier: Path, now: Path) -> None:
     The earlier run's meta stays (it describes most records); each replaced record carries the
     date of the run that made it, and ``meta["reruns"]`` lists the re-runs.
     """
-    import json
-
-    old, new = json.loads(earlier.read_text()), json.loads(now.read_text())
-    fresh = {r["notebook"]: dict(r, date=new["meta"]["date"]) for r in new["records"]}
-    records = [fresh.pop(r["notebook"], r) for r in old["records"]] + list(fresh.values())
-    meta = dict(old["meta"])
-    meta["reruns"] = meta.get("reruns", []) + [{"date": new["meta"]["date"], "device": new["meta"].get("device"),
-                                                 "command": new["meta"].get("command"),
-                                                 "notebooks": [r["notebook"] for r in new["records"]]}]
-    now.write_text(json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    (old_meta, old_records), (new_meta, new_records) = recorded.read(earlier), recorded.read(now)
+    fresh = {r["notebook"]: dict(r, date=new_meta["date"]) for r in new_records}
+    records = [fresh.pop(r["notebook"], r) for r in old_records] + list(fresh.values())
+    meta = dict(old_meta)
+    meta["reruns"] = meta.get("reruns", []) + [{"date": new_meta["date"], "device": new_meta.get("device"),
+                                                 "command": new_meta.get("command"),
+                                                 "notebooks": [r["notebook"] for r in new_records]}]
+    recorded.write(now, records, meta)
 
 
 def main(argv=None) -> int:
