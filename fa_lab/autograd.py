@@ -62,57 +62,53 @@ def _as_4d(Q, K, V):
     return (Q, K, V) if Q.dim() == 4 else (Q.unsqueeze(1), K.unsqueeze(1), V.unsqueeze(1))
 
 
-class _CourseFunction(torch.autograd.Function):
-    """The shape course assignments expect, for any engine of the chapter.
-
-    A subclass names its engine with two class attributes, ``impl`` (the registry name whose
-    checks the inputs must pass) and ``engine`` (its ``(forward, backward)`` pair, as in
-    ``Recompute``); the static ``forward``/``backward`` torch calls are written here once.
-    """
-
-    impl: str
-    engine: tuple
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        impl, (engine_forward, engine_backward) = cls.impl, cls.engine
-
-        def forward(ctx, Q, K, V, is_causal=False):
-            q, k, v = _as_4d(Q, K, V)
-            _, spec = registry.checked_spec(impl, q, k, v, causal=is_causal)
-            o, lse = engine_forward(q, k, v, spec)
-            if Q.dim() == 3:
-                o, lse = o.squeeze(1), lse.squeeze(1)
-            ctx.save_for_backward(Q, K, V, o, lse)   # lse: Q's shape without its last dim
-            ctx.spec = spec
-            return o
-
-        @once_differentiable   # the engines' backward is not differentiable: a second derivative must raise
-        def backward(ctx, dO):
-            Q, K, V, O, L = ctx.saved_tensors
-            lift = (lambda t: t.unsqueeze(1)) if Q.dim() == 3 else (lambda t: t)
-            grads = engine_backward(lift(Q), lift(K), lift(V), lift(O), lift(L), lift(dO).contiguous(), ctx.spec)
-            if Q.dim() == 3:
-                grads = tuple(g.squeeze(1) for g in grads)
-            return (*grads, None)
-
-        for fn in (forward, backward):            # tracebacks name the subclass: FlashAttentionTriton.forward
-            fn.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
-        cls.forward, cls.backward = staticmethod(forward), staticmethod(backward)
+def _course_forward(ctx, Q, K, V, is_causal, impl, engine_forward):
+    """The course shape around an engine: (batch, seq, d) or (batch, heads, seq, d) in, O out."""
+    q, k, v = _as_4d(Q, K, V)
+    _, spec = registry.checked_spec(impl, q, k, v, causal=is_causal)
+    o, lse = engine_forward(q, k, v, spec)
+    if Q.dim() == 3:
+        o, lse = o.squeeze(1), lse.squeeze(1)
+    ctx.save_for_backward(Q, K, V, o, lse)   # lse: Q's shape without its last dim
+    ctx.spec = spec
+    return o
 
 
-class FlashAttentionPyTorch(_CourseFunction):
+def _course_backward(ctx, dO, engine_backward):
+    Q, K, V, O, L = ctx.saved_tensors
+    lift = (lambda t: t.unsqueeze(1)) if Q.dim() == 3 else (lambda t: t)
+    grads = engine_backward(lift(Q), lift(K), lift(V), lift(O), lift(L), lift(dO).contiguous(), ctx.spec)
+    if Q.dim() == 3:
+        grads = tuple(g.squeeze(1) for g in grads)
+    return (*grads, None)
+
+
+class FlashAttentionPyTorch(torch.autograd.Function):
     """FlashAttention-2 in PyTorch tiles (``fa_lab.kernels.torch_tiled``):
     ``FlashAttentionPyTorch.apply(Q, K, V, is_causal)``."""
 
-    impl, engine = "torch_tiled", (tiled_forward, tiled_backward)
+    @staticmethod
+    def forward(ctx, Q, K, V, is_causal=False):
+        return _course_forward(ctx, Q, K, V, is_causal, "torch_tiled", tiled_forward)
+
+    @staticmethod
+    @once_differentiable   # the engine's backward is not differentiable: a second derivative must raise
+    def backward(ctx, dO):
+        return _course_backward(ctx, dO, tiled_backward)
 
 
-class FlashAttentionTriton(_CourseFunction):
+class FlashAttentionTriton(torch.autograd.Function):
     """FlashAttention-2 in Triton (chapter 4's forward, this chapter's backward kernels):
     ``FlashAttentionTriton.apply(Q, K, V, is_causal)``."""
 
-    impl, engine = "flash_triton", (triton_forward, triton_backward)
+    @staticmethod
+    def forward(ctx, Q, K, V, is_causal=False):
+        return _course_forward(ctx, Q, K, V, is_causal, "flash_triton", triton_forward)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dO):
+        return _course_backward(ctx, dO, triton_backward)
 
 
 def torch_tiled(q, k, v, spec):
