@@ -30,6 +30,7 @@ from fa_lab.exercises.registry import (
     Mistake,
     describe,
     get,
+    hint,
     names,
     reference,
     register_exercise,
@@ -42,7 +43,7 @@ from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget, SimLoadBud
 #: with the default seeds and time limit whatever the notebook asked for
 GRADE_LOG_ENV = "FA_LAB_GRADE_LOG"
 
-__all__ = ["names", "reference", "check", "describe", "get", "max_score", "plan", "Case", "CheckResult", "Exercise",
+__all__ = ["names", "reference", "check", "describe", "hint", "get", "max_score", "plan", "Case", "CheckResult", "Exercise",
            "Mistake", "register_exercise", "NoQuadraticBuffer", "ReadBudget", "SimLoadBudget", "StructureCheck",
            "CHAPTER_MODULES", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "GRADE_LOG_ENV"]
 

@@ -22,6 +22,14 @@ Optional ``Exercise`` fields (all defaulted; chapters that do not need them igno
                   tolerance of ``case.dtype``; the learner must still return the solution's dtypes.
 ``strict_dtype``  a float result in another float dtype is wrong (default True).
 ``poison_empty``  ``torch.empty``-style buffers come back filled with NaN (default True).
+``kind``          ``"python"`` (PyTorch / NumPy code), ``"numba"`` or ``"triton"``: a kernel exercise's
+                  check also scores, on every case, that the learner's function launched a kernel
+                  of that kind written by the learner (not one of fa_lab's).
+``hints``         hints in tiers, opened one at a time with ``hint(name, level)``: the first says
+                  where to look and never states the answer; the last may spell it out.
+``model_answer``  what a learner would write (a kernel exercise: a function that launches a
+                  kernel); ``solution`` stays the judge.  Defaults to ``solution``.  ``fa-lab grade
+                  --solutions`` and the tests grade the model answer, which must get full marks.
 
 ``Case.meta`` carries facts the feedback uses: ``n_q``, ``n_k``, ``causal``, ``window``,
 ``block_m``, ``block_n``, ``structure`` (and anything a chapter wants to label cases with).
@@ -43,6 +51,10 @@ CHAPTER_MODULES = [
     "fa_lab.exercises.ch5",
     "fa_lab.exercises.ch6",
 ]
+
+
+#: what the learner writes: PyTorch/NumPy code, a Numba CUDA kernel, or a Triton kernel
+KINDS = ("python", "numba", "triton")
 
 
 @dataclass
@@ -84,6 +96,17 @@ class Exercise:
     judge_dtype: torch.dtype | None = None
     strict_dtype: bool = True
     poison_empty: bool = True
+    kind: str = "python"
+    hints: tuple = ()
+    model_answer: Callable | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"exercise {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.model_answer is None:
+            self.model_answer = self.solution
+        if not self.hints and self.hint:
+            self.hints = (self.hint,)
 
     def tile_for(self, case: Case) -> tuple:
         tile = self.tile(case) if callable(self.tile) else self.tile
@@ -126,6 +149,19 @@ def get(name: str) -> Exercise:
 def reference(name: str):
     """The solution, a callable with the signature the exercise asks for."""
     return get(name).solution
+
+
+def hint(name: str, level: int = 1) -> str:
+    """Hint number ``level`` (1 = the gentlest) of an exercise; asking past the last says so."""
+    ex = get(name)
+    if not ex.hints:
+        return f"{name}: no hints for this exercise"
+    if not isinstance(level, int) or level < 1:
+        raise ValueError(f"level is 1, 2, ... up to {len(ex.hints)}, got {level!r}")
+    if level > len(ex.hints):
+        return f"{name} has {len(ex.hints)} hint(s); here is the last one:\n{ex.hints[-1]}"
+    more = f"  (hint({name!r}, {level + 1}) says more)" if level < len(ex.hints) else ""
+    return f"Hint {level}/{len(ex.hints)}: {ex.hints[level - 1]}{more}"
 
 
 def describe(name: str) -> str:
