@@ -112,7 +112,7 @@ def test_fill_solutions_inserts_reference_before_each_check():
     filled = cli_grade.fill_solutions(book)
     assert len(filled.cells) == len(book.cells) + len(cli_grade.check_calls(book))
     for i, name, fn in cli_grade.check_calls(filled):
-        assert f'{fn} = fa_lab_reference("{name}")' in filled.cells[i - 1].source
+        assert f'{fn} = fa_lab_model_answer("{name}")' in filled.cells[i - 1].source
 
 
 @pytest.mark.parametrize("nb", [_param(n) for n in NOTEBOOKS])
@@ -146,7 +146,7 @@ def test_grade_survives_a_broken_notebook(tmp_path, capsys):
     (entry,) = graded["notebooks"]
     mask = next(e for e in entry["exercises"] if e["name"] == "ch1_causal_mask")
     assert mask["score"] == 0 and mask["max_score"] == max_score(get("ch1_causal_mask"))
-    assert "did not run" in mask["feedback"]
+    assert "defines no top-level function named 'causal_mask'" in mask["feedback"]
     assert any("NameError" in e for e in entry["errors"])
 
 

@@ -19,10 +19,12 @@ teaches), ``structure`` (how the result was computed), ``result`` (the table a c
 """
 from __future__ import annotations
 
-import json
+import importlib
 import os
 
 from fa_lab.exercises.guard import safe_text
+from fa_lab.exercises.isolate import Isolated
+from fa_lab.exercises.program import defines, extract
 from fa_lab.exercises.registry import (
     CHAPTER_MODULES,
     Case,
@@ -39,28 +41,74 @@ from fa_lab.exercises.result import CheckResult
 from fa_lab.exercises.runner import DEFAULT_SEEDS, DEFAULT_TIMEOUT, max_score, plan, run_check
 from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget, SimLoadBudget, StructureCheck
 
-#: set by ``fa-lab grade``: every check() appends its result here (one JSON object per line),
-#: with the default seeds and time limit whatever the notebook asked for
-GRADE_LOG_ENV = "FA_LAB_GRADE_LOG"
+#: set by ``fa-lab grade`` while it executes a notebook: the notebook's own checks are skipped (the grade
+#: is decided afterwards, by checks the grader runs itself)
+DEFERRED_ENV = "FA_LAB_CHECKS_DEFERRED"
 
-__all__ = ["names", "reference", "check", "describe", "hint", "get", "max_score", "plan", "Case", "CheckResult", "Exercise",
-           "Mistake", "register_exercise", "NoQuadraticBuffer", "ReadBudget", "SimLoadBudget", "StructureCheck",
-           "CHAPTER_MODULES", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT", "GRADE_LOG_ENV"]
+__all__ = ["names", "reference", "check", "describe", "hint", "get", "max_score", "plan", "Case", "CheckResult",
+           "Exercise", "Mistake", "register_exercise", "NoQuadraticBuffer", "ReadBudget", "SimLoadBudget",
+           "StructureCheck", "CHAPTER_MODULES", "DEFAULT_SEEDS", "DEFAULT_TIMEOUT"]
+
+
+def _notebook_source(fn):
+    """``(program, name)`` when ``fn`` is bound by name in this IPython session (None otherwise)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    if ip is None:
+        return None
+    ns = ip.user_ns
+    name = getattr(fn, "__name__", None)
+    if not (isinstance(name, str) and ns.get(name) is fn):
+        name = next((k for k, v in list(ns.items()) if v is fn and not k.startswith("_")), None)
+    if name is None:
+        return None
+    program = extract([c for c in ns.get("In", []) if isinstance(c, str)])
+    return (program, name) if defines(program, name) else None
+
+
+def _importable(fn):
+    """``(module, qualname)`` when ``fn`` can be imported by name in another process (None otherwise)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or module == "__main__" or "<" in qualname:
+        return None
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001
+        return None
+    return (module, qualname) if obj is fn else None
 
 
 def check(name: str, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:
-    """Run ``fn`` against the solution on fresh random cases; returns a displayable result, never raises."""
-    log = os.environ.get(GRADE_LOG_ENV)
-    if log:  # grading: everyone gets the same cases and the same time limit
-        seeds, timeout = DEFAULT_SEEDS, DEFAULT_TIMEOUT
+    """Run ``fn`` against the solution on fresh random cases; returns a displayable result, never raises.
+
+    A function defined at the top level of a notebook cell (or importable by name) runs in a
+    fresh process (``isolate``): an endless compiled loop or a crash there ends that process,
+    not the notebook.  Anything else (a lambda, a closure) runs in a thread of this process.
+    """
     try:
         ex = get(name)
     except (TypeError, ValueError) as exc:
         result = CheckResult(safe_text(name, str, 80), "unknown exercise")
         result.rows.append(dict(case="exercise name", kind="values", passed=False, message=str(exc)))
-    else:
-        result = run_check(ex, fn, seeds=seeds, timeout=timeout)
-    if log:
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(result.to_dict()) + "\n")
-    return result
+        return result
+    if os.environ.get(DEFERRED_ENV):
+        result = CheckResult(ex.name, f"Chapter {ex.chapter} · {ex.title}")
+        result.rows.append(dict(case="grading", kind="skipped", passed=None,
+                                message="fa-lab grade checks this exercise itself, after the notebook has run"))
+        return result
+    caller = None
+    try:
+        source = _notebook_source(fn) if callable(fn) else None
+        ref = None if source is not None or not callable(fn) else _importable(fn)
+        if source is not None:
+            caller = Isolated(ex, program=source[0], fn_name=source[1])
+        elif ref is not None:
+            caller = Isolated(ex, ref=ref)
+    except Exception:  # noqa: BLE001 — no process to run it in: the thread of this process will do
+        caller = None
+    return run_check(ex, fn, seeds=seeds, timeout=timeout, trusted=False, caller=caller)

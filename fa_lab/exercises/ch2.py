@@ -114,10 +114,11 @@ def _online_cases(seed):
         (23, 9, 4, True, torch.float32),      # Nq > Nk: rows 0-13 see no key
         (20, 50, 16, False, torch.float32),
         (9, 30, 8, True, torch.float64),
+        (6, 130, 16, True, torch.float32),    # keys past 100: nothing may stop at a fixed length
     ]
     cases = []
     for n_q, n_k, block_n, causal, dtype in specs:
-        d = int(torch.randint(1, 5, (1,), generator=g)) * 8
+        d = (3, 8, 12, 16, 20, 32)[int(torch.randint(0, 6, (1,), generator=g))]   # D % 8 != 0 too
         q, k, v = (torch.randn(n, d, generator=g).to(dtype) * 2 for n in (n_q, n_k, n_k))
         cases.append(_online_case(q, k, v, block_n, causal, dtype))
     q, k, v = _huge_scores(g, 12, 40, 8)

@@ -4,12 +4,16 @@
     fa-lab grade exercises/01_naive_attention.ipynb --json > gradebook.json
     fa-lab grade exercises/ --solutions --require-full   # CI: the shipped notebooks + the solutions = full marks
 
-Each notebook is executed top to bottom by nbclient in a new kernel (so nothing from an
-earlier session leaks in); every ``check("name", fn)`` it runs records its result, with the
-default seeds and time limit whatever the notebook asked for.  An exercise whose check
-never ran (an earlier cell failed, the cell was deleted) scores 0 out of its usual maximum.
-``--solutions`` inserts ``fn = reference("name")`` before each check cell: the notebook as
-shipped, with the TODOs filled in by the solutions that live in ``fa_lab/exercises``.
+Each notebook is executed top to bottom by nbclient in a new kernel (its failing cells are
+listed; its own ``check(...)`` calls are skipped).  Then every exercise the notebook checks
+(``check("name", fn)``) is graded by this process: the notebook's definitions (imports,
+``def``/``class``, ``NAME = ...``; see ``program``) are loaded in a fresh process, ``fn`` is
+called there on the default cases and time limit, and what it returns is judged here.  So
+nothing the notebook writes, prints or patches while it runs can change the score, and a
+function that hangs or crashes costs only its own exercise.
+``--solutions`` grades the exercises' model answers instead (and executes the notebook with
+them filled in before each check cell): the shipped notebooks + the model answers must give
+full marks.
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ def configure(parser) -> None:
                         help="exit with status 1 unless every exercise gets full marks")
     parser.add_argument("--cell-timeout", type=float, default=600.0,
                         help="seconds a single notebook cell may run (default 600)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds each exercise's check may take, the same for every learner "
+                             "(default: check()'s own limit)")
     parser.add_argument("--kernel", default=None, help="Jupyter kernel name (default: the notebook's, else python3)")
 
 
@@ -62,7 +69,7 @@ def check_calls(nb) -> list[tuple[int, str, str | None]]:
 
 
 def fill_solutions(nb):
-    """A copy of ``nb`` with ``fn = reference("name")`` inserted before every check cell."""
+    """A copy of ``nb`` with ``fn = model_answer("name")`` inserted before every check cell."""
     import copy
 
     import nbformat
@@ -73,8 +80,8 @@ def fill_solutions(nb):
         if fn:
             by_cell.setdefault(i, []).append((name, fn))
     for i in sorted(by_cell, reverse=True):
-        lines = ["from fa_lab.exercises import reference as fa_lab_reference"]
-        lines += [f'{fn} = fa_lab_reference("{name}")' for name, fn in by_cell[i]]
+        lines = ["from fa_lab.exercises.registry import model_answer as fa_lab_model_answer"]
+        lines += [f'{fn} = fa_lab_model_answer("{name}")' for name, fn in by_cell[i]]
         nb.cells.insert(i, nbformat.v4.new_code_cell("\n".join(lines)))
     return nb
 
@@ -86,82 +93,79 @@ def _package_root() -> str:
     return str(Path(fa_lab.__file__).resolve().parent.parent)
 
 
-def _planned_max(name: str) -> int:
-    from fa_lab.exercises import get, max_score
+def _isolated_check(ex, nb_program: str, fn_name: str | None, solutions: bool, timeout: float | None = None):
+    """The grade of one exercise: the learner's function (or the model answer) checked in a fresh process."""
+    from fa_lab.exercises import DEFAULT_SEEDS, DEFAULT_TIMEOUT
+    from fa_lab.exercises.isolate import Isolated
+    from fa_lab.exercises.runner import run_check
 
-    try:
-        return max_score(get(name))
-    except Exception:  # unknown name or broken exercise: the check itself says so
-        return 0
+    if solutions:
+        answer = ex.model_answer
+        caller = Isolated(ex, ref=(answer.__module__, answer.__qualname__), trusted=True)
+    else:
+        caller = Isolated(ex, program=nb_program, fn_name=fn_name or "")
+    return run_check(ex, ex.model_answer if solutions else fn_name, seeds=DEFAULT_SEEDS,
+                     timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+                     trusted=solutions, caller=caller)
 
 
-def grade_notebook(path: Path, *, solutions=False, cell_timeout=600.0, kernel=None) -> dict:
-    """Execute one notebook in a fresh kernel; return its gradebook entry."""
+def grade_notebook(path: Path, *, solutions=False, cell_timeout=600.0, kernel=None, timeout=None) -> dict:
+    """Execute one notebook in a fresh kernel, then grade each exercise it checks in a fresh process."""
     import nbformat
     from nbclient import NotebookClient
 
-    from fa_lab.exercises import GRADE_LOG_ENV, get
+    from fa_lab.exercises import DEFERRED_ENV, get
+    from fa_lab.exercises.program import extract, notebook_cells
 
     nb = nbformat.read(path, as_version=4)
     calls = check_calls(nb)
+    program = extract(notebook_cells(nb))      # the notebook as the learner left it: their definitions only
     if solutions:
         nb = fill_solutions(nb)
     kernel = kernel or nb.metadata.get("kernelspec", {}).get("name") or "python3"
     errors = []
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "checks.jsonl"
-        # the kernel inherits these when it starts: where to record checks, and the same fa_lab as ours
-        env = {GRADE_LOG_ENV: str(log),
-               "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            # 'immediate': the kernel is thrown away anyway; a graceful shutdown costs ~3 s a notebook
-            client = NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel, allow_errors=True,
-                                    shutdown_kernel="immediate",
-                                    resources={"metadata": {"path": str(path.parent.resolve())}})
-            client.execute()
-        except Exception as exc:  # noqa: BLE001 — a dead kernel or a cell timeout: grade what ran
-            first = (str(exc).strip().splitlines() or [""])[0]
-            errors.append(f"notebook stopped: {type(exc).__name__}: {first}")
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        records = {}
-        if log.exists():
-            for line in log.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    records[rec["name"]] = rec             # the last check of an exercise counts
+    # the kernel inherits these when it starts: the same fa_lab as ours, and no checks of its own (they would
+    # only cost time: what the notebook's checks say does not count)
+    env = {DEFERRED_ENV: "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p)}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        # 'immediate': the kernel is thrown away anyway; a graceful shutdown costs ~3 s a notebook
+        client = NotebookClient(nb, timeout=cell_timeout, kernel_name=kernel, allow_errors=True,
+                                shutdown_kernel="immediate",
+                                resources={"metadata": {"path": str(path.parent.resolve())}})
+        client.execute()
+    except Exception as exc:  # noqa: BLE001 — a dead kernel or a cell timeout: grade what is defined
+        first = (str(exc).strip().splitlines() or [""])[0]
+        errors.append(f"notebook stopped: {type(exc).__name__}: {first}")
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     for i, cell in enumerate(nb.cells):
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 errors.append(f"cell {i}: {out.get('ename')}: {out.get('evalue')}")
     exercises, seen = [], set()
-    for _, name, _ in calls:
+    for _, name, fn_name in calls:
         if name in seen:
             continue
         seen.add(name)
-        rec = records.get(name)
         try:
             ex = get(name)
-            chapter, title = ex.chapter, ex.title
         except ValueError:
-            chapter, title = None, "unknown exercise"
-        if rec is None:
-            entry = dict(name=name, chapter=chapter, title=title, score=0, max_score=_planned_max(name),
-                         passed=False, feedback="check() did not run (an earlier cell failed, or the check cell "
-                                                "was removed)")
-        else:
-            first = rec.get("first_failure") or {}
-            feedback = "" if rec["passed"] else f"{first.get('case', '')}: {first.get('message', '')}"
-            entry = dict(name=name, chapter=chapter, title=title, score=rec["score"], max_score=rec["max_score"],
-                         passed=rec["passed"], feedback=feedback)
-        exercises.append(entry)
+            exercises.append(dict(name=name, chapter=None, title="unknown exercise", score=0, max_score=0,
+                                  passed=False, feedback=f"no exercise is called {name!r}"))
+            continue
+        result = _isolated_check(ex, program, fn_name, solutions, timeout)
+        first = result.first_failure or {}
+        feedback = "" if result.passed else f"{first.get('case', '')}: {first.get('message', '')}"
+        exercises.append(dict(name=name, chapter=ex.chapter, title=ex.title, score=result.score,
+                              max_score=result.max_score, passed=result.passed, feedback=feedback))
     return dict(notebook=str(path), seconds=round(time.monotonic() - t0, 2), errors=errors, exercises=exercises,
                 score=sum(e["score"] for e in exercises), max_score=sum(e["max_score"] for e in exercises))
 
@@ -199,7 +203,7 @@ def run(args) -> int:
     for path in paths:
         print(f"grading {path} …", file=sys.stderr, flush=True)
         notebooks.append(grade_notebook(path, solutions=args.solutions, cell_timeout=args.cell_timeout,
-                                        kernel=args.kernel))
+                                        kernel=args.kernel, timeout=args.timeout))
     book = dict(notebooks=notebooks, solutions=bool(args.solutions),
                 score=sum(n["score"] for n in notebooks), max_score=sum(n["max_score"] for n in notebooks))
     print(json.dumps(book, indent=2) if args.json else _table(book))

@@ -11,6 +11,7 @@ that nothing the learner's objects do runs unguarded in the grader's thread.  A 
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import traceback
 from typing import Any
@@ -75,13 +76,20 @@ def call_with_timeout(fn, args, kwargs, timeout: float, hooks=()):
     """
     box: dict[str, Any] = {}
 
+    profile = next((h.profile for h in hooks if hasattr(h, "profile")), None)
+
     def target():
         try:
-            if hooks:
-                with Watch(hooks):
+            if profile is not None:     # sees every Python call this thread makes (callwatch.CallWatch)
+                sys.setprofile(profile)
+            try:
+                if hooks:
+                    with Watch(hooks):
+                        box["value"] = fn(*args, **kwargs)
+                else:
                     box["value"] = fn(*args, **kwargs)
-            else:
-                box["value"] = fn(*args, **kwargs)
+            finally:
+                sys.setprofile(None)
         except _StopLearnerCode:
             box["stopped"] = True
         except BaseException as exc:  # noqa: BLE001 — anything the learner's code throws is reported

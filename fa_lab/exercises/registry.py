@@ -151,6 +151,11 @@ def reference(name: str):
     return get(name).solution
 
 
+def model_answer(name: str):
+    """What a learner would write (for a kernel exercise: the function that launches the kernel)."""
+    return get(name).model_answer
+
+
 def hint(name: str, level: int = 1) -> str:
     """Hint number ``level`` (1 = the gentlest) of an exercise; asking past the last says so."""
     ex = get(name)

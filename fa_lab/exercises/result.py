@@ -30,6 +30,7 @@ class CheckResult:
     hint: str = ""
     seconds: float = 0.0
     interrupted: bool = False    # the user stopped the check: the rows not run count as failed
+    output: str = ""             # what the learner's code printed while it was checked (shown below the table)
 
     @property
     def score(self) -> int:
@@ -102,7 +103,14 @@ class CheckResult:
         skipped = [r for r in self.rows if r["kind"] == "skipped"]
         if skipped:
             lines.append(f"  ({len(skipped)} row(s) {skipped[0]['message']})")
+        if self.output:
+            lines.append("Your code printed:")
+            lines += [f"  {line}" for line in self._printed().splitlines()]
         return "\n".join(lines)
+
+    def _printed(self, limit: int = 4000) -> str:
+        text = self.output.rstrip()
+        return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
 
     def _repr_html_(self) -> str:
         esc = html.escape
@@ -138,6 +146,8 @@ class CheckResult:
         skipped = [r for r in self.rows if r["kind"] == "skipped"]
         if skipped:
             out.append(f"<p style='color:#57606a'>{len(skipped)} row(s) {esc(skipped[0]['message'])}</p>")
+        if self.output:
+            out.append(f"<details><summary>Your code printed</summary><pre>{esc(self._printed())}</pre></details>")
         out.append("</div>")
         return "".join(out)
 

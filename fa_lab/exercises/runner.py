@@ -12,10 +12,15 @@ stub, a wrong answer and the solution.
 """
 from __future__ import annotations
 
+import inspect
 import numbers
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
+
+from fa_lab.exercises.callwatch import CallWatch, OwnKernel, own_file
 from fa_lab.exercises.feedback import Mismatch
 from fa_lab.exercises.guard import LearnerError, TimeLimitReached, call_with_timeout, describe_exception, safe_text
 from fa_lab.exercises.judge import expected_outputs, judge, match_mistake, outputs_of, prepare_args, type_diagnosis
@@ -32,7 +37,8 @@ INTERRUPTED = "the check was interrupted (the stop button, or a KeyboardInterrup
 
 def plan(ex: Exercise, seeds=DEFAULT_SEEDS) -> list:
     """``[(seed, case, structure_checks)]``: every row ``check`` will score, known before anything runs."""
-    return [(seed, case, [c for c in ex.structure if c.applies(case)])
+    own = [OwnKernel(ex.kind)] if ex.kind != "python" else []
+    return [(seed, case, [c for c in ex.structure if c.applies(case)] + own)
             for seed in seeds for case in ex.make_cases(seed)]
 
 
@@ -48,6 +54,7 @@ class _Run:
     timeout: float
     stop: str | None = None
     diagnosed: int = 0
+    output: list = field(default_factory=list)   # what the learner's code printed, case by case
 
 
 def _bad_arguments(seeds, timeout) -> str | None:
@@ -64,7 +71,15 @@ def _bad_arguments(seeds, timeout) -> str | None:
     return None
 
 
-def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOUT) -> CheckResult:
+def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOUT,
+              trusted: bool | None = None, caller=None) -> CheckResult:
+    """Every planned case of ``ex``: ``fn`` called by ``caller`` (default: in this process), judged here.
+
+    ``trusted`` lets the function use fa_lab's finished implementations (the exercise's own
+    solution and model answer; by default only those are trusted).  ``caller`` runs the
+    learner's code somewhere else (``isolate.Isolated``: a fresh process); the values are
+    always judged in this process.
+    """
     t0 = time.monotonic()
     result = CheckResult(ex.name, f"Chapter {ex.chapter} · {ex.title}", hint=ex.hint)
     bad = _bad_arguments(seeds, timeout)
@@ -82,9 +97,13 @@ def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT
                                 message=f"internal error in exercise {ex.name!r} (not your code): "
                                         f"{safe_text(exc, repr)}"))
         return result
-    stop = None if callable(fn) else (f"check needs the function you wrote, got {type(fn).__name__}: "
-                                      f"check({ex.name!r}, my_function)")
+    stop = None if callable(fn) or caller is not None else (
+        f"check needs the function you wrote, got {type(fn).__name__}: check({ex.name!r}, my_function)")
     run = _Run(deadline=t0 + timeout, timeout=timeout, stop=stop)
+    if trusted is None:
+        trusted = fn is ex.model_answer or fn is ex.solution
+    if caller is None and stop is None:
+        caller = InProcess(ex, fn, trusted=trusted)
     position: dict = {}
     for seed, case, checks in planned:
         index = position[seed] = position.get(seed, -1) + 1   # the same case of another seed: same table line
@@ -93,7 +112,7 @@ def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT
                     else ("values", False, run.stop, c, {}) for c in [None] + checks]
         else:
             try:
-                rows = _run_case(ex, fn, case, checks, run)
+                rows = _run_case(ex, caller, case, checks, run)
             except KeyboardInterrupt:     # the user pressed stop: report what ran, never kill the notebook
                 result.interrupted, run.stop = True, INTERRUPTED
                 rows = [("values" if c is None else "structure", False, f"not finished: {INTERRUPTED}", c, {})
@@ -103,11 +122,102 @@ def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT
             result.rows.append(dict(case=f"{case.label} seed={seed}{suffix}", label=case.label + suffix,
                                     group=(index, suffix), seed=seed, kind=kind, passed=passed,
                                     message=message, **extra))
+    if caller is not None:
+        caller.close()
+    result.output = "".join(run.output)
     result.seconds = time.monotonic() - t0
     return result
 
 
-def _run_case(ex: Exercise, fn, case: Case, checks: list, run: _Run) -> list:
+@dataclass
+class CallReport:
+    """What one call of the learner's function did, told by the process that ran it (judged elsewhere)."""
+
+    returned: bool = False
+    value: Any = None            # what is judged: the return value, or (kernel style) the output arguments
+    error: str | None = None     # the exception or the time limit, in words for the learner
+    stop: str | None = None      # why the cases after this one are not run
+    verdicts: list = field(default_factory=list)   # per structure check: None (right) or what is wrong
+    forbidden: str | None = None  # a finished implementation was called (in words)
+    mutated: list = field(default_factory=list)    # inputs the function changed in place
+    output: str = ""             # what the learner's code printed (isolated runs)
+
+
+def _argument_names(ex: Exercise, n: int) -> list[str]:
+    try:
+        params = [p.name for p in inspect.signature(ex.solution).parameters.values()]
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"argument {i}" for i in range(n)]
+
+
+def _same(a, b) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(torch.equal(a, b))
+
+
+def call_case(ex: Exercise, fn, case: Case, checks: list, remaining: float, *, own_files=(),
+              trusted: bool = False) -> CallReport:
+    """Call the learner's ``fn`` on one case, under the structure watchers, in this process."""
+    report = CallReport()
+    args, kwargs = prepare_args(ex, case)
+    before = {i: a.detach().clone() for i, a in enumerate(args)
+              if isinstance(a, torch.Tensor) and i not in ex.out_args}
+    watch = CallWatch(own_files, trusted=trusted)
+    monitors = [None if isinstance(c, OwnKernel) else c.monitor(case, args, kwargs) for c in checks]
+    hooks = ([PoisonEmpty()] if ex.poison_empty else []) + [m for m in monitors if m is not None] + [watch]
+    try:
+        if remaining <= 0:
+            raise TimeLimitReached("time limit for the whole check used up")
+        value = call_with_timeout(fn, args, kwargs, remaining, hooks)
+        report.returned = True
+    except (LearnerError, TimeLimitReached) as exc:
+        report.error = describe_exception(exc)
+        if isinstance(exc, TimeLimitReached):
+            report.stop = "the time limit was reached"
+        elif isinstance(exc.error, NotImplementedError):
+            report.stop = "not implemented yet"
+    except Exception as exc:  # noqa: BLE001 — the call could not be made (no thread to run it in, ...)
+        report.error = f"could not run your code: {safe_text(exc, repr)}"
+    finally:
+        for m in monitors:
+            if m is not None:
+                m.finish()
+    report.forbidden = watch.message()
+    names = _argument_names(ex, len(args))
+    report.mutated = [names[i] for i, a in before.items() if not _same(a, args[i])]
+    if report.returned:
+        report.value = outputs_of(ex, value, args)
+    for c, m in zip(checks, monitors):
+        if isinstance(c, OwnKernel):
+            report.verdicts.append(watch.kernel_verdict(c.kind))
+            continue
+        try:
+            report.verdicts.append(m.verdict())
+        except Exception as exc:  # noqa: BLE001
+            report.verdicts.append(f"internal error in the structure check (not your code): {safe_text(exc, repr)}")
+    return report
+
+
+class InProcess:
+    """Runs the learner's function in this process (a thread with a time limit): the trusted path and the
+    fallback for functions that cannot be loaded elsewhere."""
+
+    def __init__(self, ex: Exercise, fn, trusted: bool = False):
+        self.ex, self.fn, self.trusted = ex, fn, trusted
+        self.own_files = [f for f in (own_file(fn),) if f]
+
+    def call(self, case: Case, checks: list, remaining: float) -> CallReport:
+        return call_case(self.ex, self.fn, case, checks, remaining, own_files=self.own_files, trusted=self.trusted)
+
+    def close(self) -> None:
+        pass
+
+
+def _run_case(ex: Exercise, caller, case: Case, checks: list, run: _Run) -> list:
     """The rows of one case, ``(kind, passed, message, structure check or None, extra fields)``."""
     try:
         expected, native = expected_outputs(ex, case)
@@ -115,39 +225,27 @@ def _run_case(ex: Exercise, fn, case: Case, checks: list, run: _Run) -> list:
         return [("values" if c is None else "structure", False,
                  f"internal error in exercise {ex.name!r} (not your code): {safe_text(exc, repr)}", c, {})
                 for c in [None] + checks]
-    args, kwargs = prepare_args(ex, case)
-    monitors = [c.monitor(case, args, kwargs) for c in checks]
-    hooks = ([PoisonEmpty()] if ex.poison_empty else []) + monitors
-    rows, returned = [], False
-    try:
-        remaining = run.deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeLimitReached(f"time limit of {run.timeout:.3g} s for the whole check used up")
-        value = call_with_timeout(fn, args, kwargs, remaining, hooks)
-        returned = True
-    except (LearnerError, TimeLimitReached) as exc:
-        rows.append(("values", False, describe_exception(exc), None, {}))
-        if isinstance(exc, TimeLimitReached):
-            run.stop = "the time limit was reached"
-        elif isinstance(exc.error, NotImplementedError):
-            run.stop = "not implemented yet"
-    except Exception as exc:  # noqa: BLE001 — the call could not be made (no thread to run it in, ...)
-        rows.append(("values", False, f"could not run your code: {safe_text(exc, repr)}", None, {}))
-    finally:
-        for monitor in monitors:
-            monitor.finish()
-    values_ok = False
-    if returned:
-        rows.append(_values_row(ex, outputs_of(ex, value, args), expected, native, case, run))
-        values_ok = rows[-1][1]
-    for c, monitor in zip(checks, monitors):
-        if not returned:
+    report = caller.call(case, checks, run.deadline - time.monotonic())
+    if report.stop and run.stop is None:
+        run.stop = report.stop
+    if report.output:
+        run.output.append(report.output)
+    if not report.returned:
+        rows = [("values", False, report.error or "your function did not return", None, {})]
+    elif report.forbidden:
+        rows = [("values", False, f"not accepted: {report.forbidden}", None, {})]
+    elif report.mutated:
+        what = ", ".join(report.mutated)
+        rows = [("values", False, f"your function changed its input{'s' if len(report.mutated) > 1 else ''} {what} "
+                                  "in place: leave the inputs as they are and write results into new tensors "
+                                  "(or into the output arguments)", None, {})]
+    else:
+        rows = [_values_row(ex, report.value, expected, native, case, run)]
+    values_ok = rows[0][1]
+    for c, verdict in zip(checks, report.verdicts or [None] * len(checks)):
+        if not report.returned:
             rows.append(("structure", False, "not judged: your function did not return", c, {}))
             continue
-        try:
-            verdict = monitor.verdict()
-        except Exception as exc:  # noqa: BLE001
-            verdict = f"internal error in the structure check (not your code): {safe_text(exc, repr)}"
         if verdict is None and not values_ok:  # structure only counts for a right answer
             verdict = "not judged: the values on this case are wrong (see the row above)"
         rows.append(("structure", verdict is None, verdict or "", c, {}))
