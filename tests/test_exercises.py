@@ -446,3 +446,18 @@ def test_simulator_load_budget():
     assert "x 2×" in bad.rows[1]["message"]
     from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
     assert FakeWithinKernelCUDAArray.__getitem__.__name__ == "__getitem__", "the counting patch was not undone"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_hints_open_one_tier_at_a_time(name):
+    from fa_lab.exercises import hint
+
+    ex = get(name)
+    assert len(ex.hints) >= 2, "a gentle first hint, and more on request"
+    first, last = hint(name, 1), hint(name, len(ex.hints))
+    assert first.startswith(f"Hint 1/{len(ex.hints)}") and f"hint({name!r}, 2)" in first
+    assert ex.hints[-1] in last and ex.hints[-1] not in first
+    assert "here is the last one" in hint(name, len(ex.hints) + 1)
+    with pytest.raises(ValueError):
+        hint(name, 0)
+    assert f"hint({name!r}, 1)" in describe(name)

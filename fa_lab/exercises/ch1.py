@@ -129,7 +129,11 @@ register_exercise(Exercise(
     name="ch1_causal_mask", chapter=1, title="The bottom-right causal mask",
     signature="causal_mask(n_q, n_k) -> bool Tensor (n_q, n_k)",
     solution=causal_mask, make_cases=_mask_cases, outputs=("mask",),
-    hint="Query i sits at key position i + n_k - n_q; it sees keys up to and including that one.",
+    hints=("Draw the n_q × n_k grid for n_q = 2, n_k = 4: the last query is the newest token and sees every key. "
+           "Where does the first query sit?",
+           "Query i sits at key position i + n_k − n_q; it sees keys up to and including that one.",
+           "Compare a column of key indices with a row of query positions: j <= i + (n_k − n_q), built with "
+           "torch.arange and broadcasting."),
     mistakes=(Mistake("a top-left causal mask (j <= i)", _mask_top_left, _TOP_LEFT),
               Mistake("a strict inequality (j < i + n_k − n_q)", _mask_strict,
                       "a query also sees the key at its own position: use <=.")),
@@ -138,7 +142,10 @@ register_exercise(Exercise(
     name="ch1_safe_softmax", chapter=1, title="A softmax that does not overflow",
     signature="softmax_rows(s) -> Tensor, same shape (softmax over the last dimension)",
     solution=softmax_rows, make_cases=_softmax_cases, judge_dtype=torch.float64,
-    hint="Subtract each row's maximum before exp; a row with no finite score must give zeros, not NaN.",
+    hints=("softmax(x) does not change when the same number is subtracted from every element of a row: "
+           "which number keeps exp from overflowing?",
+           "Subtract each row's maximum before exp; a row with no finite score must give zeros, not NaN.",
+           "m = rowmax; use 0 where m = −inf; p = exp(s − m); l = rowsum(p); divide by l where l > 0, else by 1."),
     # the most specific mistake first: on an all −inf row the unguarded safe softmax and the unsafe one agree
     mistakes=(Mistake("no guard for a row that is all −inf", _softmax_nan_rows,
                       "in an all −inf row the maximum is −inf and exp(−inf − (−inf)) = NaN: use 0 as that row's "
@@ -152,7 +159,10 @@ register_exercise(Exercise(
     name="ch1_naive_attention", chapter=1, title="Naive attention for one head",
     signature="naive_attention(q, k, v, causal=False) -> Tensor (Nq, D), in q's dtype",
     solution=naive_attention, make_cases=_attention_cases, judge_dtype=torch.float64, outputs=("o",),
-    hint="S = q kᵀ / sqrt(D); mask it (bottom-right) if causal; P = softmax of each row; O = P v.",
+    hints=("Three steps: scores, probabilities, a weighted sum of the values. Your two earlier functions do "
+           "most of the work.",
+           "The scores are scaled by 1/sqrt(D); masked scores become −inf before the softmax.",
+           "S = q kᵀ / sqrt(D); mask it (bottom-right) if causal; P = softmax of each row; O = P v."),
     mistakes=(Mistake("the softmax scale forgotten", _attention_no_scale,
                       "scores are q·k / sqrt(D): without the scale the softmax is far too peaked."),
               Mistake("a top-left causal mask", _attention_top_left, _TOP_LEFT)),

@@ -183,7 +183,9 @@ register_exercise(Exercise(
     name="ch2_merge_states", chapter=2, title="Merging two online-softmax states",
     signature="merge_states(m_a, l_a, m_b, l_b) -> (m, l)",
     solution=merge_states, make_cases=_merge_cases, outputs=("m", "l"), judge_dtype=torch.float64,
-    hint="Rescale each sum to the common maximum: l = l_a·exp(m_a − m) + l_b·exp(m_b − m). Two empty parts stay empty.",
+    hints=("Each l was summed relative to its own maximum. What is the maximum of the two parts together?",
+           "Rescale each sum to the common maximum: l = l_a·exp(m_a − m) + l_b·exp(m_b − m).",
+           "m = max(m_a, m_b); where m = −inf (both parts empty) use 0 in the exponents so that l stays 0."),
     mistakes=(Mistake("sums added without rescaling", _merge_no_rescale,
                       "each l was summed relative to its own max: bring both to the common max with exp(m_x − m)."),
               Mistake("NaN when both parts are empty", _merge_nan_when_empty,
@@ -200,5 +202,10 @@ register_exercise(Exercise(
                           why="One pass: each key/value tile is loaded once, for all query rows together, and "
                               "folded into (m_i, l_i, acc) — no second pass over the keys, no loop over rows.")),
     mistakes=ONLINE_MISTAKES,
-    hint="For each key block: new max, alpha = exp(m_old − m_new), rescale l_i and acc by alpha, add the block.",
+    hints=("Keep three things per query row while walking over the key blocks: a running max, a running sum, "
+           "and an unnormalised output. Divide only at the end.",
+           "When the max grows, everything summed so far was measured against the old max: multiply it by "
+           "alpha = exp(m_old − m_new).",
+           "For each key block: new max, alpha = exp(m_old − m_new), rescale l_i and acc by alpha, add the block "
+           "(p = exp(s − m_new), l_i += rowsum(p), acc += p @ v_block)."),
 ))

@@ -71,9 +71,12 @@ register_exercise(Exercise(
     signature=("tiled_forward_hbm_bytes(batch, heads, n_q, n_k, head_dim, block_m, block_n, causal=False, "
                "itemsize=2) -> int"),
     solution=tiled_forward_hbm_bytes, make_cases=_cases, outputs=("bytes",),
-    hint=("Per (batch, head): Q read once, O written once (itemsize bytes each), lse written once (4 bytes a row); "
-          "each program of block_m query rows reads K and V for the whole key tiles its rows see — all of them, "
-          "or under bottom-right causal only up to its last row's diagonal (query i sits at key i + n_k − n_q)."),
+    hints=("Count per (batch, head), operand by operand: which tensors are read once, and which are read again "
+           "by every program?",
+           "Q is read once and O written once (itemsize bytes each), lse written once (4 bytes a row); K and V are "
+           "read by every program of block_m query rows.",
+           "Each program reads K and V for the whole key tiles its rows see — all of them, or under bottom-right "
+           "causal only up to its last row's diagonal (query i sits at key i + n_k − n_q)."),
     mistakes=(
         Mistake("K and V counted once per head", _kv_once,
                 "without a cache every program re-reads K and V: ceil(n_q / block_m) programs, each loading its "

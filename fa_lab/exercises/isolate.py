@@ -30,7 +30,7 @@ from fa_lab.exercises.registry import Case, Exercise, get, load
 from fa_lab.exercises.runner import CallReport, OwnKernel, call_case
 
 #: seconds a fresh process may take to import and load the learner's program (not the check's budget)
-STARTUP_TIMEOUT = 180.0
+STARTUP_TIMEOUT = 120.0
 #: seconds past the check's own deadline before the child is stopped (it reports its own time limit first)
 MARGIN = 3.0
 #: largest answer a child may send back
@@ -74,6 +74,8 @@ def _pack(x, depth: int = 0):
         return ("py", x)
     if kind in (tuple, list):
         return (kind.__name__, [_pack(i, depth + 1) for i in x])
+    if kind is range:
+        return ("range", x.start, x.stop, x.step)
     return ("obj", safe_text(kind.__name__, str, 60), safe_text(x, repr, 300))
 
 
@@ -103,6 +105,8 @@ def _unpack(x):
         return np.dtype(x[2]).type(x[1])
     if tag == "py":
         return x[1]
+    if tag == "range":
+        return range(x[1], x[2], x[3])
     if tag in ("tuple", "list"):
         items = [_unpack(i) for i in x[1]]
         return tuple(items) if tag == "tuple" else items

@@ -86,7 +86,7 @@ class Exercise:
     solution: Callable
     make_cases: Callable[[int], list]        # seed -> [Case, ...]
     compare: Callable | None = None          # (got, expected, case) -> None, raises AssertionError
-    hint: str = ""
+    hint: str = ""                           # a single hint (older form of ``hints``)
     # optional, see the module docstring
     tile: Any = None
     structure: tuple = ()
@@ -171,4 +171,5 @@ def hint(name: str, level: int = 1) -> str:
 
 def describe(name: str) -> str:
     ex = get(name)
-    return f"{ex.title}\n  write: {ex.signature}\n  {ex.hint}".rstrip()
+    hints = f"\n  hints: {len(ex.hints)}, opened one at a time with hint({name!r}, 1), 2, ..." if ex.hints else ""
+    return f"{ex.title}\n  write: {ex.signature}{hints}"

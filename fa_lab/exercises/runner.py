@@ -81,7 +81,10 @@ def run_check(ex: Exercise, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT
     always judged in this process.
     """
     t0 = time.monotonic()
-    result = CheckResult(ex.name, f"Chapter {ex.chapter} · {ex.title}", hint=ex.hint)
+    first_hint = ex.hints[0] if ex.hints else ""
+    if len(ex.hints) > 1:
+        first_hint += f"  (more: hint({ex.name!r}, 2))"
+    result = CheckResult(ex.name, f"Chapter {ex.chapter} · {ex.title}", hint=first_hint)
     bad = _bad_arguments(seeds, timeout)
     if bad is not None:      # no plan to score against: say so in one row
         result.rows.append(dict(case="check(...) arguments", kind="values", passed=False, message=bad))
