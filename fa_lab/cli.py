@@ -4,22 +4,30 @@ which provides ``configure(parser)`` (add its arguments) and ``run(args) -> int`
 Subcommands that describe an attention problem (``bench``, ``correlate``) take the same flags,
 added by ``add_problem_arguments``: ``--batch --heads --kv-heads --seq-len --seq-len-k
 --head-dim --mask {none,causal,window} --window LEFT RIGHT --dtype``.
+
+``--help`` answers at once: a subcommand module imports only the standard library at its top
+(torch, numba and triton inside its functions), and only the chosen subcommand is configured.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
+from pathlib import Path
 
 #: subcommand name → module providing configure(parser) and run(args)
 SUBCOMMANDS = {
     "info": "fa_lab.core.info",
     "grade": "fa_lab.exercises.grade",
+    "exercises": "fa_lab.exercises.fetch",
     "bench": "fa_lab.bench.cli",
     "correlate": "fa_lab.perf.cli",
 }
 #: the package's mask vocabulary (``fa_lab.core.registry.ALL_MASKS``)
 MASKS = ("none", "causal", "window")
+#: the exit status of a command stopped by Ctrl-C (128 + SIGINT), as a shell reports it
+INTERRUPTED = 130
 
 
 def positive_int(text: str) -> int:
@@ -61,24 +69,63 @@ def add_problem_arguments(parser, *, grid: bool, defaults: dict | None = None):
     return g
 
 
-def build_parser() -> argparse.ArgumentParser:
+def subcommand_module(module: str):
+    """A subcommand's module, without running its package's ``__init__`` first when that is not loaded yet.
+
+    ``fa_lab.exercises``' ``__init__`` loads torch and the grader: seconds before ``fa-lab grade --help``
+    could answer.  The module's file is executed under its own name instead; its package is imported
+    as usual as soon as the module's functions import from it.
+    """
+    package = module.rpartition(".")[0]
+    if module in sys.modules or package in sys.modules:
+        return importlib.import_module(module)
+    path = Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    spec = importlib.util.spec_from_file_location(module, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[module]
+        raise
+    return mod
+
+
+def build_parser(argv=None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv``, only the subcommand it names is configured (the others get
+    their one-line help), which keeps ``fa-lab --help`` and ``fa-lab X --help`` fast."""
     from fa_lab import __version__
 
+    chosen = None
+    if argv is not None:
+        chosen = next((a for a in argv if not a.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="fa-lab", description="FlashAttention Lab: kernels, benchmarks, grading")
     parser.add_argument("--version", action="version", version=f"fa-lab {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, module in SUBCOMMANDS.items():
-        mod = importlib.import_module(module)
-        p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
-        mod.configure(p)
+        mod = subcommand_module(module)
+        summary = (mod.__doc__ or "").strip().splitlines()[0]
+        p = sub.add_parser(name, help=summary, description=summary)
+        if chosen is None or chosen == name:
+            mod.configure(p)
         p.set_defaults(_run=mod.run)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    args._argv = list(sys.argv[1:] if argv is None else argv)  # recorded with results (fa-lab bench --out)
-    return int(args._run(args) or 0)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    args._argv = argv  # recorded with results (fa-lab bench --out)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:   # a command that keeps partial results (bench) handles Ctrl-C itself
+        print(f"fa-lab {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:     # `fa-lab info | head`: the reader has gone, nothing more to say
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

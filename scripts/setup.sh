@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Install what the book and the tests need into the current Python environment: fa_lab from this
 # clone (editable, so the notebooks and `fa-lab grade` see your changes) with its book and test extras.
-# Keeps an existing torch (a CUDA build stays); installs torch==2.13.0 only if none is there.
+# Keeps an existing torch (a CUDA build stays); installs torch==2.13.0 only if none is there: the CPU
+# build on Linux without an NVIDIA driver (PyPI's Linux torch is the CUDA build, several GB more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-  echo "setup: no torch found, installing torch==2.13.0"
-  "$PY" -m pip install -q torch==2.13.0
+  if [ "$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "setup: no torch and no NVIDIA GPU found, installing the CPU build of torch==2.13.0"
+    "$PY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+  else
+    echo "setup: no torch found, installing torch==2.13.0"
+    "$PY" -m pip install -q torch==2.13.0
+  fi
 fi
 # the installed torch satisfies pyproject's torch>=2.4, so pip leaves it alone
 "$PY" -m pip install -q -e ".[book,test]"

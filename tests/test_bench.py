@@ -50,7 +50,7 @@ def test_plot_and_table(tmp_path, capsys):
                    "--seq-len", "8", "16", "--head-dim", "16", "--no-progress", "--plot", str(png)])
     assert rc == 0 and png.stat().st_size > 1000
     text = capsys.readouterr().out
-    assert "naive_torch" in text and "sdpa-math" in text and "TFLOP/s" in text
+    assert "naive_torch" in text and "sdpa-math" in text and "FLOP/s" in text
 
 
 # ---------------------------------------------------------------------------- parsing

@@ -6,10 +6,13 @@ Examples::
     fa-lab bench --config seed-table --impl triton sdpa-flash --dtype bf16 --mode fwd fwd+bwd
     fa-lab bench --batch 1 --heads 8 --seq-len 512 --head-dim 64 --mask causal --plot p.png
 
-Every case becomes a row: p50 [p10–p90] ms, TFLOP/s, peak extra memory and its reduction
-vs naive, speedup vs --baseline, max abs error vs the float64 reference (small sizes),
-and a status (ok / oom / unsupported: why / skipped: why).  Nothing that cannot run
-stops the run; Ctrl-C stops it and keeps (with --out, saves) what was measured.  On a
+Every case becomes a record (the CSV's row): p50, p10 and p90 times, TFLOP/s, peak extra
+memory and its reduction vs naive, speedup vs --baseline, max abs error vs the float64
+reference (small sizes), and a status (ok / oom / unsupported: why / skipped: why).  The
+printed table, as wide as the terminal, shows the measured cases; the others are listed
+under it with their reason.  Nothing that cannot run stops the run, but an implementation
+named with --impl that could not be measured on any case makes the exit status 1.  Ctrl-C
+stops the run and keeps (with --out, writes) what was measured: exit status 130.  On a
 CPU-only machine the times are wall clock of the simulator, and the Numba CUDA kernels,
 which the simulator runs thread by thread, are left out unless named with --impl.
 """
@@ -18,14 +21,16 @@ from __future__ import annotations
 import shlex
 import sys
 
+from fa_lab.cli import INTERRUPTED  # the exit status of a run stopped by Ctrl-C
+
 EPILOG = """configs: tiny (2,4,8,64), small (2,4,64,64), medium (2,8,128,64), llama_small (1,12,256,64),
 llama_med (1,32,512,128), seed-table (6 shapes of 16k tokens, H=16, D=128), sweep (B=1, H=16, causal,
 N=128..65536 x D=16..128 x bf16/fp32), latency (1,8,512,64). Explicit --batch/--heads/--seq-len/--head-dim
 (each may take several values: a grid) replace the config's dimensions, or stand alone without --config.
 --warmup/--rep: calls in the CPU world; milliseconds of warm-up/repetition (triton do_bench) on a GPU."""
 
-#: the exit status of a run stopped by Ctrl-C (128 + SIGINT), as a shell reports it
-INTERRUPTED = 130
+#: the exit status when an implementation named with --impl could not be measured on any case
+NOT_MEASURED = 1
 
 
 def configure(parser) -> None:
@@ -91,8 +96,12 @@ def plan(args) -> dict:
         suite=args.config or "custom", progress=not args.no_progress, seed=args.seed)
 
 
-def measure(kwargs) -> tuple[list, bool]:
-    """``(records, interrupted)``: every case of the plan, or those measured before Ctrl-C."""
+def measure(kwargs, on_record=None) -> tuple[list, bool]:
+    """``(records, interrupted)``: every case of the plan, or those measured before Ctrl-C.
+
+    ``on_record(record)`` is called as each case finishes (a KeyboardInterrupt it raises stops
+    the run like Ctrl-C).
+    """
     from fa_lab.bench import runner
 
     baseline = kwargs.pop("baseline") or ("naive_torch" if "naive_torch" in kwargs["impls"] else kwargs["impls"][0])
@@ -100,13 +109,35 @@ def measure(kwargs) -> tuple[list, bool]:
     try:
         for rec in runner.iter_suite(**kwargs, baseline=baseline):
             records.append(rec)
+            if on_record is not None:
+                on_record(rec)
         interrupted = False
     except KeyboardInterrupt:
         interrupted = True
     return runner.compare(records, baseline=baseline), interrupted
 
 
-def run(args) -> int:
+def not_measured(records, requested) -> dict[str, str]:
+    """Implementations in ``requested`` with no measured case: name -> why (the first row's status).
+
+    A case skipped on purpose (``--max-ms``) is not a failure: an implementation whose every
+    case was skipped is left out.
+    """
+    why = {}
+    for name in requested:
+        rows = [r for r in records if r["impl"] == name]
+        if rows and not any(r["status"] == "ok" for r in rows):
+            failed = [r["status"] for r in rows if not r["status"].startswith("skipped")]
+            if failed:
+                why[name] = failed[0]
+    return why
+
+
+def _cases(n: int) -> str:
+    return f"{n} case" + ("" if n == 1 else "s")
+
+
+def run(args, on_record=None) -> int:
     from collections import Counter
 
     from fa_lab.bench import runner
@@ -119,20 +150,34 @@ def run(args) -> int:
     if not args.impl and runner.left_out():
         print(f"left out in the {runner.WORLD} world (Numba CUDA simulator, 15-25 s a call at the small config): "
               f"{', '.join(runner.left_out())}; name them with --impl to include them")
-    records, interrupted = measure(kwargs)
+    requested = list(kwargs["impls"]) if args.impl else []
+    records, interrupted = measure(kwargs, on_record)
     if records and not args.quiet:
         runner.table(records)
     counts = Counter(r["status"].split(":")[0] for r in records)
     print("cases: " + (", ".join(f"{n} {s}" for s, n in counts.most_common()) or "none"))
+    saved = None
     if args.out and records:
         command = "fa-lab " + " ".join(shlex.quote(a) for a in (getattr(args, "_argv", None) or ["bench"]))
-        csv_path, json_path = runner.save(records, args.out, command=command.strip(), partial=interrupted)
-        print(f"wrote {csv_path} and {json_path}")
+        saved = runner.save(records, args.out, command=command.strip(), partial=interrupted)
+        print(f"wrote {saved[0]} and {saved[1]}")
     if interrupted:
-        print(f"fa-lab bench: interrupted after {len(records)} cases"
-              + (" (saved)" if args.out and records else ""), file=sys.stderr)
+        if not records:
+            kept = "nothing was measured"
+        elif saved:
+            kept = f"the rows finished so far are kept, written to {saved[0]} and {saved[1]}"
+        else:
+            kept = "the rows finished so far are kept, shown above (--out FILE.csv writes them)"
+        print(f"fa-lab bench: interrupted after {_cases(len(records))} (Ctrl-C): {kept}", file=sys.stderr)
         return INTERRUPTED
+    failed = not_measured(records, requested)
+    if failed or (records and not any(r["status"] == "ok" for r in records)):
+        lines = [f"  {name}: {why}" for name, why in failed.items()] or ["  no case was measured"]
+        print("fa-lab bench: error: could not measure what was asked for:\n" + "\n".join(lines), file=sys.stderr)
+        status = NOT_MEASURED
+    else:
+        status = 0
     if args.plot:
         runner.plot_suite(records, args.plot)
         print(f"wrote {args.plot}")
-    return 0
+    return status

@@ -256,39 +256,56 @@ def save(records, path, *, command: str | None = None, **extra) -> tuple[Path, P
     return csv_path, json_path
 
 
-def _fmt_ms(r) -> str:
-    if r.get("ms") is None or r["ms"] != r["ms"]:
-        return ""
-    return f"{r['ms']:.3g} [{r['ms_p10']:.3g}–{r['ms_p90']:.3g}]"
+#: the columns ``table`` shows, in order (a column with one value in every row goes to the caption)
+TABLE_COLUMNS = ["impl", "shape", "dtype", "mask", "mode", "ms", "spread", "tflops", "peak_extra_bytes",
+                 "mem_vs_naive", "speedup", "max_abs_err", "status"]
 
 
-def _fmt(x, spec="{:.3g}") -> str:
-    if x is None or (isinstance(x, float) and x != x):
-        return ""
-    return spec.format(x)
+def why_not(records) -> list[str]:
+    """One line per implementation and reason for the cases that did not run:
+    ``sdpa-cudnn (2 cases): unsupported: ... runs only on gpu, this is the cpu world``."""
+    counts = {}
+    for r in records:
+        if r["status"] != "ok":
+            key = (r["impl"], r["status"])
+            counts[key] = counts.get(key, 0) + 1
+    return [f"{impl} ({n} case{'s' if n > 1 else ''}): {status}" for (impl, status), n in counts.items()]
 
 
 def table(records, *, title=None, console=None):
-    """Print the records as a table (rich); returns the rich Table."""
+    """Print the measured records as a table as wide as the terminal (``fa_lab.core.tables``: units
+    in the headers, 3 significant figures, constant columns said once in the caption), then a line
+    for each implementation and reason that left cases unmeasured.  Returns the rich Table (None
+    when nothing was measured)."""
+    from rich import box
     from rich.console import Console
-    from rich.table import Table
+
+    from fa_lab.core.tables import rich_table
 
     records = list(records)
+    console = console or Console()   # the terminal's width (COLUMNS where there is no terminal)
     timer = next((r["timer"] for r in records if r.get("timer")), "")
-    t = Table(title=title or f"fa-lab bench — {device_name()} — {timer}", title_justify="left")
-    for col, kw in [("impl", {}), ("shape (B,H,N,D)", {}), ("dtype", {}), ("mask", {}), ("mode", {}),
-                    ("ms p50 [p10–p90]", {"justify": "right"}), ("TFLOP/s", {"justify": "right"}),
-                    ("extra MiB", {"justify": "right"}), ("mem ÷ naive", {"justify": "right"}),
-                    ("speedup", {"justify": "right"}), ("max err", {"justify": "right"}),
-                    ("status", {"no_wrap": True, "overflow": "ellipsis", "max_width": 50})]:
-        t.add_column(col, **kw)
-    for r in records:
-        mib = None if r.get("peak_extra_bytes") is None else r["peak_extra_bytes"] / 2**20
-        t.add_row(r["impl"], r["shape"], r["dtype"], r["mask"], r["mode"], _fmt_ms(r), _fmt(r.get("tflops")),
-                  _fmt(mib), _fmt(r.get("mem_vs_naive"), "{:.3g}×"), _fmt(r.get("speedup"), "{:.3g}×"),
-                  _fmt(r.get("max_abs_err"), "{:.1e}"), r["status"],
-                  style=None if r["status"] == "ok" else "dim")
-    (console or Console(width=200)).print(t)
+    baseline = next((r["baseline"] for r in records if r.get("baseline")), None)
+    # how steady the timing was, as one unitless number (p10 and p90 are in the CSV)
+    measured = [dict(r, spread=r["ms_p90"] / r["ms_p10"] if (r.get("ms_p10") or 0) > 0 and r.get("ms_p90") else None)
+                for r in records if r["status"] == "ok"]
+    t = None
+    if measured:
+        t = rich_table(measured, title=title or f"fa-lab bench — {device_name()} — {timer}", columns=TABLE_COLUMNS,
+                       rename={"impl": "impl", "mem_vs_naive": "memory ÷ naive's", "spread": "p90 ÷ p10"},
+                       kinds={"mem_vs_naive": "ratio", "spread": "ratio"},
+                       caption=f"speedup vs {baseline}" if baseline else None)
+        # no vertical rules: the columns get the room (a bench table is wide)
+        t.box, t.show_edge = box.SIMPLE_HEAD, False
+        for column in t.columns:   # a narrow terminal folds a long word rather than cutting it off
+            column.overflow = "fold"
+        t.columns[0].no_wrap = True   # the names are narrowed last: the headers of the others wrap first
+        console.print(t)
+    unmeasured = why_not(records)
+    if unmeasured:
+        console.print("not measured:", markup=False, highlight=False)
+        for line in unmeasured:
+            console.print("  " + line, markup=False, highlight=False)
     return t
 
 

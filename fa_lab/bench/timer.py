@@ -42,7 +42,8 @@ def time_fn(fn, *, warmup: int = 3, rep: int = 10, gpu_ms=None) -> dict:
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
-    q = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
+    # inclusive: with few samples the default method extrapolates past them (a negative p10)
+    q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else samples * 9
     return dict(ms=statistics.median(samples), ms_p10=q[0], ms_p90=q[-1], timer=CPU_TIMER)
 
 

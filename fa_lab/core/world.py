@@ -10,6 +10,7 @@ GPU if torch sees CUDA).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import warnings
@@ -57,6 +58,23 @@ if not ON_GPU:
                       RuntimeWarning, stacklevel=2)
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _triton_installed() -> bool:
+    # find_spec looks for the package without importing it: this module must not import triton
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+#: whether Triton is installed: without it chapter 4's kernels are not registered and chapter 5's
+#: Triton engines refuse every call with TRITON_MISSING
+HAS_TRITON: bool = _triton_installed()
+#: what to tell a reader whose machine has no Triton
+TRITON_MISSING: str = ("Triton is not installed: Triton publishes wheels for Linux only, so there are none for "
+                       "macOS or native Windows. Run the Triton chapters (4 and 5) on Linux, WSL2 on Windows, "
+                       "a GPU box or Colab.")
 
 
 def import_order_problem(backend: str | None) -> str | None:

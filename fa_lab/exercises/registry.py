@@ -125,10 +125,17 @@ def register_exercise(ex: Exercise) -> Exercise:
     return ex
 
 
+#: chapters whose exercises are Triton kernels: not loaded where Triton is not installed
+TRITON_CHAPTERS = {4: "fa_lab.exercises.ch4", 5: "fa_lab.exercises.ch5"}
+
+
 def load() -> dict[str, Exercise]:
     """Import every chapter's module (each registers its exercises) and return the registry."""
+    from fa_lab.core.world import HAS_TRITON
+
     for mod in CHAPTER_MODULES:
-        importlib.import_module(mod)
+        if HAS_TRITON or mod not in TRITON_CHAPTERS.values():
+            importlib.import_module(mod)
     return EXERCISES
 
 
@@ -142,6 +149,11 @@ def get(name: str) -> Exercise:
         raise TypeError(f"an exercise name is a string such as 'ch1_causal_mask', got {type(name).__name__}")
     exercises = load()
     if name not in exercises:
+        from fa_lab.core.world import HAS_TRITON, TRITON_MISSING
+
+        chapter = name[2:name.find("_")] if name.startswith("ch") else ""
+        if not HAS_TRITON and chapter.isdigit() and int(chapter) in TRITON_CHAPTERS:
+            raise ValueError(f"exercise {name!r} is a Triton exercise: {TRITON_MISSING}")
         raise ValueError(f"unknown exercise {name!r}; known exercises: {', '.join(exercises)}")
     return exercises[name]
 

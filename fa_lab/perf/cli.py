@@ -87,6 +87,16 @@ def configure(parser) -> None:
     parser.add_argument("--json-out", default=None, metavar="FILE", help="write every reported figure as JSON")
 
 
+def _time(seconds: float) -> str:
+    """A duration in the unit that keeps it readable: ``20.2 ns``, ``151 µs``, ``3.52 ms``, never ``0.0000 ms``."""
+    from fa_lab.core.tables import sig
+
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("µs", 1e6)):
+        if abs(seconds) * scale >= 1:
+            return f"{sig(seconds * scale)} {unit}"
+    return f"{sig(seconds * 1e9)} ns"
+
+
 def _fmt_bytes(b: float) -> str:
     for unit, div in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if b >= div:
@@ -202,11 +212,11 @@ def _print(report: dict) -> None:
     print(f"intensity {counts.intensity:.1f} FLOP/B (no cache), "
           f"{counts.flops_executed / pred.dram_bytes:.1f} (L2 estimate); "
           f"ridge {device.peak_flops(dtype, km.unit) / device.hbm_bandwidth:.1f}")
-    print(f"ideal     {ideal.time_s * 1e3:.4f} ms = max(compute {ideal.t_compute * 1e3:.4f} "
-          f"[mma {ideal.t_mma * 1e3:.4f} "
-          f"{'max' if cal.exp_overlap else '+'} exp {ideal.t_exp * 1e3:.4f}], memory {ideal.t_memory * 1e3:.4f}) "
+    print(f"ideal     {_time(ideal.time_s)} = max(compute {_time(ideal.t_compute)} "
+          f"[mma {_time(ideal.t_mma)} "
+          f"{'max' if cal.exp_overlap else '+'} exp {_time(ideal.t_exp)}], memory {_time(ideal.t_memory)}) "
           f"— {ideal.bound} bound, {ideal.cycles:.4g} cycles")
-    print(f"predicted {pred.time_s * 1e3:.4f} ms, {pred.cycles:.4g} cycles at {pred.clock_mhz:.0f} MHz "
+    print(f"predicted {_time(pred.time_s)}, {pred.cycles:.4g} cycles at {pred.clock_mhz:.0f} MHz "
           f"(efficiency {cal.eff:.3f}, per-program overhead {cal.overhead_tiles:.2f} tiles, exps "
           f"{'overlapped' if cal.exp_overlap else 'after the matmuls'}: {report['calibration_source']}); "
           f"{counts.flops / pred.time_s / 1e12:.1f} TFLOP/s by the "
@@ -261,7 +271,8 @@ def _measure(args, counts, pred) -> dict:
     rec.update(gpu=torch.cuda.get_device_name(0), seconds=seconds, cycles=seconds * clock_mhz * 1e6,
                tflops=counts.flops / seconds / 1e12, tflops_executed=counts.flops_executed / seconds / 1e12,
                measured_over_predicted=seconds / pred.time_s, error=pred.time_s / seconds - 1)
-    print(f"measured  {rec['ms']:.4f} ms (p10 {rec['ms_p10']:.4f}, p90 {rec['ms_p90']:.4f}; {rec['timer']}) "
+    print(f"measured  {_time(seconds)} (p10 {_time(rec['ms_p10'] * 1e-3)}, p90 {_time(rec['ms_p90'] * 1e-3)}; "
+          f"{rec['timer']}) "
           f"on {rec['gpu']}: "
           f"{rec['tflops']:.1f} TFLOP/s, {rec['cycles']:.4g} cycles at {clock_mhz:.0f} MHz")
     print(f"ratio     measured / predicted = {rec['measured_over_predicted']:.3f} "
