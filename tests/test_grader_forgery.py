@@ -255,3 +255,14 @@ def test_grade_cannot_be_forged(tmp_path, capsys):
     assert scores["ch1_naive_attention"]["score"] == 0
     assert "time limit" in scores["ch1_naive_attention"]["feedback"]
     assert entry["score"] == scores["ch1_causal_mask"]["max_score"]
+
+
+def test_a_failing_demo_line_costs_nothing():
+    from fa_lab.exercises.program import extract, load
+
+    program = extract(["import torch\nx = undefined_thing + 1\nBLOCK = 16",
+                       "def softmax_rows(s):\n    return torch.softmax(s, -1) * BLOCK / 16",
+                       "for i in range(3):\n    softmax_rows = None\ncheck('ch1_safe_softmax', softmax_rows)"])
+    assert "for i" not in program and "check(" not in program
+    namespace, _ = load(program)
+    assert namespace["BLOCK"] == 16 and callable(namespace["softmax_rows"])

@@ -87,7 +87,8 @@ def load(program: str, folder: str | None = None) -> tuple[dict, str]:
     """Run ``program`` in a fresh namespace; returns ``(namespace, filename)``.
 
     The source is written to a file (and put in ``linecache``) so that tracebacks, ``inspect``
-    and Triton see it.  Whatever the program raises propagates.
+    and Triton see it.  A ``def`` or ``class`` that raises propagates; an import or assignment
+    that raises is skipped with a printed note.
     """
     folder = folder or tempfile.mkdtemp(prefix="fa_lab_program_")
     filename = os.path.join(folder, "learner_notebook.py")
@@ -97,5 +98,16 @@ def load(program: str, folder: str | None = None) -> tuple[dict, str]:
     module = types.ModuleType(MODULE)     # a real module: Triton and Numba look kernels' globals up through it
     module.__file__ = filename
     sys.modules[MODULE] = module
-    exec(compile(program, filename, "exec"), module.__dict__)  # noqa: S102 — the learner's definitions, in a child process
+    # statement by statement: an import or an assignment that fails (a demo line such as
+    # `o = my_kernel(q, k, v)` whose inputs were made in a dropped loop) is skipped and said, so
+    # that one line cannot cost every exercise of the notebook; a def that fails is an error
+    for node in ast.parse(program, filename).body:
+        code = compile(ast.Module(body=[node], type_ignores=[]), filename, "exec")
+        try:
+            exec(code, module.__dict__)  # noqa: S102 — the learner's definitions, in a child process
+        except Exception as exc:  # noqa: BLE001
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                raise
+            print(f"(grading) skipped line {node.lineno} of your definitions, it raised "
+                  f"{type(exc).__name__}: {exc}")
     return module.__dict__, filename
