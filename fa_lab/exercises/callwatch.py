@@ -2,24 +2,26 @@
 
 A kernel exercise is not passed by calling ``fa_lab.attention``, ``exercises.reference(...)``
 or PyTorch's SDPA, and it is not passed without launching a kernel of the kind it teaches.
-``CallWatch`` is a hook for ``guard.call_with_timeout``: it installs a profile function in the
-thread that runs the learner's code (``sys.setprofile`` sees every Python call there, and every
-call of a builtin such as ``F.scaled_dot_product_attention``) and watches the PyTorch ops that
-thread runs (attention ops reached some other way).  Afterwards:
+``CallWatch`` is a hook for ``guard.call_with_timeout``: it installs a trace function in the
+thread that runs the learner's code (``sys.settrace`` sees every Python call there; it asks for
+no line events, so the cost is one cheap call per Python call), a torch function mode (PyTorch's
+attention functions, which are builtins) and watches the PyTorch ops that thread runs (attention
+ops reached some other way).  Afterwards:
 
 - ``forbidden``  what finished implementation was called, in words (None if none);
 - ``launches``   ``{"triton": n, "numba": n}``: kernels launched whose Python source is the learner's.
 
 A kernel's source is the learner's when it is not inside the ``fa_lab`` package, or when it is in
 the file the checked function itself comes from (a model answer shipped in ``fa_lab/exercises``).
-Numba's simulator runs a kernel's threads as other Python threads, which the profile function
+Numba's simulator runs a kernel's threads as other Python threads, which the trace function
 does not see: the launch itself happens in the learner's thread and is what counts.
 """
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
+
+from torch.overrides import TorchFunctionMode
 
 from fa_lab.exercises.structure import StructureCheck
 
@@ -95,7 +97,8 @@ class CallWatch:
             self.forbidden = f"a kernel of fa_lab's ({_describe_fa_lab(filename, fn.__name__)})"
 
     # ---------------------------------------------------------------- hooks
-    def profile(self, frame, event, arg):
+    def trace(self, frame, event, arg):
+        """``sys.settrace`` function: sees each Python call once (no line events: it returns None)."""
         if event == "call":
             code = frame.f_code
             kind = self._kind.get(code)
@@ -105,10 +108,12 @@ class CallWatch:
                 self.forbidden = kind[1]
             elif kind[0] == _LAUNCH:
                 self._launch(kind[1], frame)
-        elif event == "c_call" and not self.trusted and self.forbidden is None:
-            name = getattr(arg, "__name__", "")
-            if "scaled_dot_product" in name:
-                self.forbidden = "PyTorch's scaled_dot_product_attention"
+        return None
+
+    def context(self):
+        """A torch function mode for the learner's thread: PyTorch's attention functions by name (they are
+        builtins, which the trace function does not see)."""
+        return _AttentionFunctions(self)
 
     def on_op(self, func, args, kwargs, out) -> None:
         if self.trusted or self.forbidden is not None:
@@ -135,6 +140,20 @@ class CallWatch:
         return None
 
 
+class _AttentionFunctions(TorchFunctionMode):
+    def __init__(self, watch: CallWatch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        watch = self.watch
+        if not watch.trusted and watch.forbidden is None:
+            name = getattr(func, "__name__", "")
+            if "scaled_dot_product" in name or "multi_head_attention" in name:
+                watch.forbidden = f"PyTorch's {name}"
+        return func(*args, **(kwargs or {}))
+
+
 class OwnKernel(StructureCheck):
     """The row a kernel exercise adds to every case: a kernel of the learner's, of the right kind, was launched.
 
@@ -158,8 +177,3 @@ def own_file(fn) -> str | None:
     return None if code.co_filename.startswith(_FA_LAB) else code.co_filename
 
 
-def install(watch: CallWatch | None):
-    """Profile the current thread with ``watch`` (None removes it); returns the previous profile function."""
-    previous = sys.getprofile()
-    sys.setprofile(watch.profile if watch is not None else None)
-    return previous

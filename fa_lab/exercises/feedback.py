@@ -76,10 +76,17 @@ def empty_rows(meta: dict) -> list[int]:
     return [i for i, (lo, hi) in enumerate(spans) if hi <= lo]
 
 
-def _row_dim(t: torch.Tensor):
-    """Results are laid out (..., Nq, D), (..., Nq, Nk) or (..., Nq): the query row is dim -2, or -1 for 1-D."""
+#: results whose rows are keys, not queries (the backward's gradients of K and V)
+_KEY_ROWS = ("dk", "dv")
+
+
+def _row_dim(t: torch.Tensor, what: str = ""):
+    """Results are laid out (..., Nq, D), (..., Nq, Nk) or (..., Nq): the row is dim -2, or -1 for 1-D and for
+    a per-row result such as lse (..., Nq)."""
     if t.dim() == 0:
         return None
+    if what.startswith(("lse", "delta", "m_", "l_")):
+        return t.dim() - 1
     return t.dim() - 2 if t.dim() >= 2 else 0
 
 
@@ -191,12 +198,13 @@ def _raise_mismatch(what, g, e, bad, err, *, tol_text, tile, meta, exact=False):
     at = f"[{', '.join(map(str, worst))}]" if worst else ""
     lines.append(f"Worst at {at}: got {fmt(g[worst].item())}, expected {fmt(e[worst].item())}"
                  + (f" ({where})." if where else "."))
-    rd = _row_dim(bad)
+    rd = _row_dim(bad, what)
     bad_rows = []
     if rd is not None and bad.shape[rd] > 1:
         per_row = bad.movedim(rd, 0).reshape(bad.shape[rd], -1).any(dim=1)
         bad_rows = torch.nonzero(per_row).flatten().tolist()
-        lines.append(f"Wrong query rows: {ranges(bad_rows)} (of {bad.shape[rd]}).")
+        kind = "key" if what in _KEY_ROWS else "query"
+        lines.append(f"Wrong {kind} rows: {ranges(bad_rows)} (of {bad.shape[rd]}).")
     lines += diagnose(g, e, bad, bad_rows, tile=tile, meta=meta)
     # the 2-D slice for the heatmap: the last two dims at the worst element's leading index
     if bad.dim() <= 1:

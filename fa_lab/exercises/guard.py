@@ -10,6 +10,7 @@ that nothing the learner's objects do runs unguarded in the grader's thread.  A 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import threading
@@ -76,20 +77,22 @@ def call_with_timeout(fn, args, kwargs, timeout: float, hooks=()):
     """
     box: dict[str, Any] = {}
 
-    profile = next((h.profile for h in hooks if hasattr(h, "profile")), None)
+    tracer = next((h.trace for h in hooks if hasattr(h, "trace")), None)
 
     def target():
         try:
-            if profile is not None:     # sees every Python call this thread makes (callwatch.CallWatch)
-                sys.setprofile(profile)
+            if tracer is not None:     # sees every Python call this thread makes (callwatch.CallWatch)
+                sys.settrace(tracer)
             try:
-                if hooks:
-                    with Watch(hooks):
-                        box["value"] = fn(*args, **kwargs)
-                else:
+                with contextlib.ExitStack() as stack:
+                    for hook in hooks:
+                        if hasattr(hook, "context"):
+                            stack.enter_context(hook.context())
+                    if hooks:
+                        stack.enter_context(Watch(hooks))
                     box["value"] = fn(*args, **kwargs)
             finally:
-                sys.setprofile(None)
+                sys.settrace(None)
         except _StopLearnerCode:
             box["stopped"] = True
         except BaseException as exc:  # noqa: BLE001 — anything the learner's code throws is reported
