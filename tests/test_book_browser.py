@@ -10,6 +10,11 @@ Chromium through its ChromeDriver (no browser download: `scripts/setup.sh` insta
 packages when it runs as root). Screenshots and a JSON report land in `_build/screenshots/`.
 Formulas must be typeset by MathJax served from the book itself (`_ext/local_mathjax.py`): the
 browser here has no network, and neither has a reader who opens `_build/html` offline.
+
+At 1400 px, with every folded cell opened, no code block scrolls sideways, no output shows a warning,
+a traceback, a progress bar or a path of the machine that built the book, and every table cell is
+padded (`_static/book.css`). Launch buttons appear on the notebook pages only and open this
+repository (`_config.yml` `repository.url`), whose `binder/` folder installs fa_lab.
 """
 from __future__ import annotations
 
@@ -44,6 +49,11 @@ CHROMIUM_FLAGS = [
     "--disable-dev-shm-usage", "--hide-scrollbars",
 ]
 WINDOW = (1280, 1000)
+WIDE = (1400, 1000)   # the reading checks: a laptop's browser, sidebars open
+#: what a reader must never see in a cell's output: a warning, a traceback, a progress bar frozen
+#: mid-run, or a folder of the machine that built the book
+NOISE = re.compile(r"\w*Warning\b|Traceback|IProgress|\d+%\|[█▏▎▍▌▋▊▉ ]*\||it/s\]|/site-packages/|/dist-packages/"
+                   r"|/work/|/home/|/root/|/tmp/|/Users/|\b[A-Z]:\\[A-Za-z]")
 MAX_SHOT_HEIGHT = 6000  # px: long chapters are cut there, which is enough to see the layout
 STRAY_MARKDOWN = Path(".venv/lib/python3/site-packages/some_package/README.md")
 
@@ -218,6 +228,43 @@ def test_chapters_link_their_exercises(book_build):
     assert not missing, "\n".join(missing)
 
 
+def _repository() -> tuple[str, str]:
+    """(url, "org/repo") from _config.yml: the one place the repository's address is configured."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    url = (config.get("repository") or {}).get("url", "").rstrip("/")
+    return url, urlsplit(url).path.strip("/")
+
+
+def _launch_links(rel: str) -> list[str]:
+    html = (HTML / rel).read_text(encoding="utf-8")
+    group = re.search(r'<div class="dropdown dropdown-launch-buttons">(.*?)</ul>', html, re.S)
+    return re.findall(r'href="([^"]+)"', group.group(1)) if group else []
+
+
+def test_launch_buttons_only_on_notebooks_and_configured(book_build):
+    url, org_repo = _repository()
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url), f"_config.yml repository.url: {url!r}"
+    assert not re.search(r"(?i)example|your|placeholder|executablebooks|<|todo", url), url
+    binder = ROOT / "binder"
+    setup = " ".join(p.read_text() for p in binder.glob("*") if p.is_file()) if binder.is_dir() else ""
+    assert "torch" in setup and re.search(r"pip install[^\n]* -e \.|^-e \.", setup, re.M), \
+        "binder/ must install a CPU torch and fa_lab from the clone (requirements.txt, postBuild)"
+    problems = []
+    for name in _toc_files():
+        rel = f"{name}.html"
+        if not (HTML / rel).exists():
+            continue
+        links = _launch_links(rel)
+        if not (ROOT / name).with_suffix(".ipynb").exists():
+            problems += [f"{rel}: a launch button on a page that is no notebook: {link}" for link in links]
+            continue
+        if not {"mybinder.org", "colab.research.google.com"} <= {urlsplit(link).netloc for link in links}:
+            problems.append(f"{rel}: launch buttons {links}, expected Binder and Colab")
+        problems += [f"{rel}: launch button not for {org_repo}/{name}.ipynb: {link}" for link in links
+                     if f"/{org_repo}/" not in link or not link.endswith(f"{name}.ipynb")]
+    assert not problems, "\n".join(problems)
+
+
 # --------------------------------------------------------------------------- in the browser
 
 
@@ -348,4 +395,48 @@ def test_every_page_in_chromium(browser, server):
 
     (SHOTS / "report.json").write_text(json.dumps(report, indent=1))
     assert report, "no pages found in _build/html"
+    assert not failures, "\n".join(failures)
+
+
+# Opens every folded cell, then measures what a reader sees: code blocks wider than their box, the
+# text of every cell output, and table cells without padding.
+_READING_JS = """
+document.querySelectorAll('details').forEach(d => { d.open = true; });
+const article = document.querySelector('article') || document.body;
+const where = el => (el.closest('.cell') || el).id || el.closest('section')?.id || '';
+const wide = Array.from(article.querySelectorAll('pre'))
+  .filter(pre => pre.scrollWidth > pre.clientWidth + 1)
+  .map(pre => ({where: where(pre), scroll: pre.scrollWidth, client: pre.clientWidth,
+                text: pre.innerText.split('\\n')[0].slice(0, 80)}));
+const outputs = Array.from(article.querySelectorAll('.cell_output')).map(o => o.innerText);
+const unpadded = Array.from(article.querySelectorAll('td, th')).filter(c => {
+  const s = getComputedStyle(c);
+  return !(parseFloat(s.paddingLeft) > 0 && parseFloat(s.paddingRight) > 0);
+}).map(c => c.innerText.slice(0, 40));
+return {wide: wide, outputs: outputs, unpadded: unpadded,
+        cells: article.querySelectorAll('td, th').length, width: window.innerWidth};
+"""
+
+
+def test_pages_read_cleanly_at_1400px(browser, server):
+    browser.set_window_size(*WIDE)
+    failures = []
+    try:
+        for rel in _pages():
+            if _is_redirect(rel):
+                continue
+            browser.get(urljoin(server, rel))
+            seen = browser.execute_script(_READING_JS)
+            failures += [f"{rel}: a code block scrolls sideways ({w['scroll']} > {w['client']} px) in "
+                         f"{w['where'] or 'the page'}: {w['text']!r}" for w in seen["wide"]]
+            for text in seen["outputs"]:
+                hit = NOISE.search(text)
+                if hit:
+                    failures.append(f"{rel}: an output shows {hit.group(0)!r}: "
+                                    f"{text[max(0, hit.start() - 60):hit.end() + 60]!r}")
+            if seen["unpadded"]:
+                failures.append(f"{rel}: {len(seen['unpadded'])} of {seen['cells']} table cells have no padding, "
+                                f"e.g. {seen['unpadded'][:3]}")
+    finally:
+        browser.set_window_size(*WINDOW)
     assert not failures, "\n".join(failures)

@@ -161,3 +161,8 @@ def test_pivot_cells_that_hold_a_status():
     shown = frame(grid, values="tflops")
     assert shown.to_numpy().tolist() == [["a", "1.50", "OOM"], ["b", "unsupported", MISSING]]
     assert shown.attrs["caption"] == "TFLOP/s"
+
+
+def test_empty_input_gives_an_empty_table():
+    assert frame([]).shape == (0, 0)
+    assert "<table" in table(pd.DataFrame(dict(impl=[], ms=[]))).to_html()

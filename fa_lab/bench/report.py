@@ -12,11 +12,15 @@ def is_ours(impl: str) -> bool:
 
 
 def seed_table(df, *, value="tflops", dtype="bfloat16"):
-    """The FlashAttention-2 table: one row per (mask, mode, shape), one column per implementation."""
+    """The FlashAttention-2 table: one row per (mask, mode, shape), one column per implementation.
+
+    A cell holds ``value`` where the case ran and its status ('oom', 'unsupported: why') where it
+    did not; ``fa_lab.core.tables.table(t, values=value)`` shows it.
+    """
     d = df[df["dtype"] == dtype]
     if d.empty:
         return d
-    cell = d.apply(lambda r: round(r[value], 1) if r["status"] == "ok" else r["status"].split(":")[0], axis=1)
+    cell = d.apply(lambda r: r[value] if r["status"] == "ok" else r["status"], axis=1)
     t = d.assign(_cell=cell).pivot_table(index=["mask", "mode", "shape"], columns="impl", values="_cell",
                                          aggfunc="first", sort=False)
     return t[[c for c in dict.fromkeys(d["impl"]) if c in t.columns]]
@@ -32,8 +36,7 @@ def latency(df, *, shape="(1, 8, 512, 64)"):
     d["host_overhead_us"] = (d["back_to_back_us"] - d["gpu_us"]).clip(lower=0)
     cols = ["dtype", "mask", "mode", "impl", "gpu_us", "back_to_back_us", "host_overhead_us", "tflops",
             "max_abs_err"]
-    return d[cols].sort_values(["dtype", "mask", "mode", "back_to_back_us"]).round(
-        {"gpu_us": 1, "back_to_back_us": 1, "host_overhead_us": 1, "tflops": 2}).reset_index(drop=True)
+    return d[cols].sort_values(["dtype", "mask", "mode", "back_to_back_us"]).reset_index(drop=True)
 
 
 #: the questions of the decision table: (question, suite, filter, time column)

@@ -61,6 +61,8 @@ UNITS = {
 #: kinds written as right-aligned numbers
 NUMERIC = {"int", "float", "error", "ratio", "percent", *UNITS}
 MISSING = "—"
+#: text cells up to this many characters are kept on one line in the book
+SHORT = 32
 #: how a failed run's status starts (``fa_lab.bench``: 'oom', 'unsupported: why', ...)
 STATUS_WORDS = ("oom", "unsupported", "error", "skipped", "missing", "not ")
 
@@ -368,9 +370,13 @@ def table(data, caption: str | None = None, **options):
     """
     shown = frame(data, caption=caption, **options)
     styler = shown.style.hide(axis="index").set_table_attributes('class="results-table dataframe"')
-    right = [{"selector": "td, th", "props": [("text-align", "right")]},
-             {"selector": "td", "props": [("white-space", "nowrap")]}]   # a number never breaks; text may
-    styler = styler.set_table_styles({label: right for label in shown.attrs.get("numeric", [])})
+    numeric = set(shown.attrs.get("numeric", []))
+    # a number or a short label (64×128 w4 s1) never breaks across lines; a sentence may
+    nowrap = {"selector": "td", "props": [("white-space", "nowrap")]}
+    right = {"selector": "td, th", "props": [("text-align", "right")]}
+    styles = {label: [right, nowrap] if label in numeric else [nowrap] for label in shown.columns
+              if label in numeric or shown[label].str.len().max() <= SHORT}
+    styler = styler.set_table_styles(styles)
     if shown.attrs.get("caption"):
         styler = styler.set_caption(shown.attrs["caption"])
     return styler
