@@ -8,8 +8,8 @@
 # Knobs: NB_BUDGET (seconds after which no further notebook starts, default 330), NB_TIMEOUT (seconds
 # after which the notebook run is killed, default 420), CELL_TIMEOUT (default 300), TEST_TIMEOUT
 # (seconds for the test suite, default 150), NBVAL_BOOK=1 (also run book/ under nbval: the notebooks
-# above already ran every cell of it), PARTS (default "notebooks tests": either one alone splits the run
-# into two calls), WORKERS (pytest-xdist processes for the tests, default 1: compiling the kernels is
+# above already ran every cell of it), PARTS (default "notebooks tests"; "grade" grades the exercises'
+# model answers at full size into the record's meta; one part alone splits the run into calls), WORKERS (pytest-xdist processes for the tests, default 1: compiling the kernels is
 # most of a GPU test run, and the GPU machines have 16 cores), NOTEBOOKS (only these notebooks, their
 # records merged into fa_lab/data/gpu_notebooks.json's).
 #
@@ -100,8 +100,33 @@ if os.path.exists(path):
 PY
 fi
 
+grade_rc=0
+if [[ " $PARTS " == *" grade "* ]]; then
+# the exercises' model answers graded at full size (kernel exercises included), into the record's meta
+t2=$(date +%s)
+"$PY" -m fa_lab.cli grade exercises --solutions --require-full --json >"$OUTDIR/grade_solutions.json"
+grade_rc=$?
+SECONDS_TAKEN=$(( $(date +%s) - t2 )) RC=$grade_rc \
+"$PY" - "$OUTDIR/gpu_notebooks.json" "$OUTDIR/grade_solutions.json" <<'PY'
+import datetime, json, os, sys
+path, graded = sys.argv[1:3]
+book = json.load(open(graded))
+summary = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               command="fa-lab grade exercises --solutions --require-full", exit=int(os.environ["RC"]),
+               seconds=int(os.environ["SECONDS_TAKEN"]), score=book["score"], max_score=book["max_score"],
+               notebooks=[dict(notebook=n["notebook"], score=n["score"], max_score=n["max_score"],
+                               seconds=n["seconds"], errors=n["errors"],
+                               exercises={e["name"]: f"{e['score']}/{e['max_score']}" for e in n["exercises"]})
+                          for n in book["notebooks"]])
+print("gpu_run: model answers graded:", summary["score"], "/", summary["max_score"], "in", summary["seconds"], "s")
+blob = json.load(open(path)) if os.path.exists(path) else json.load(open("fa_lab/data/gpu_notebooks.json"))
+blob["meta"]["exercise_solutions"] = summary
+json.dump(blob, open(path, "w"), indent=1)
+PY
+fi
+
 # the executed notebooks as one file (the device tool brings back few files)
 if [ -d "$OUTDIR/executed" ]; then
   tar -czf "$OUTDIR/executed.tar.gz" -C "$OUTDIR" executed && rm -rf "$OUTDIR/executed"
 fi
-[ "$nb_rc" = 0 ] && [ "$test_rc" = 0 ]
+[ "$nb_rc" = 0 ] && [ "$test_rc" = 0 ] && [ "$grade_rc" = 0 ]

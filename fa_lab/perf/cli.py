@@ -204,7 +204,9 @@ def _print(report: dict) -> None:
           f"{device.hbm_bandwidth / 1e12:.2f} TB/s, "
           f"{device.sm_count} SMs, {pred.clock_mhz:.0f} MHz")
     as_kernel = f" (as {kernel}: {km.note})" if report["algorithm"] == km.algorithm else ""
-    print(f"algorithm {report['algorithm']} {blocks or ''}{as_kernel}")
+    tiles = f"{blocks['block_m']}×{blocks['block_n']} tiles" if {"block_m", "block_n"} <= set(blocks or {}) else \
+        " ".join(f"{k}={v}" for k, v in (blocks or {}).items())
+    print(f"algorithm {report['algorithm']} {tiles}{as_kernel}".replace("  ", " "))
     print(f"FLOPs     convention {counts.flops:.4g} (fa_lab.core.flops) | visible pairs {counts.flops_visible:.4g} "
           f"| executed tiles {counts.flops_executed:.4g}")
     print(f"traffic   HBM no-cache {_fmt_bytes(counts.hbm_bytes)} | compulsory {_fmt_bytes(counts.compulsory_bytes)} "
