@@ -69,8 +69,51 @@ def write(path, records, meta: dict) -> Path:
     return path
 
 
+#: what each recording measures, as paths inside the package: a recording is out of date once any of
+#: these files changes (``tests/test_recordings.py``); the benchmark suites measure every kernel
+SOURCES = {
+    "gpu_ch1_2": ("kernels/naive.py", "kernels/softmax.py", "kernels/online.py", "kernels/numba/naive.py"),
+    "gpu_ch3": ("kernels/numba",),
+    "gpu_ch4": ("kernels/triton",),
+    "gpu_ch5": ("kernels/triton", "kernels/torch_tiled.py", "autograd.py"),
+    "gpu_ch6": ("kernels", "perf/model.py"),
+    "gpu_ch6_ceilings": ("perf/hardware.py",),
+    SUITE_PREFIX: ("kernels", "bench/peers.py"),
+}
+
+
+def sources_of(name: str) -> tuple | None:
+    """The package paths recording ``name`` measures (None: not tied to source files)."""
+    if name in SOURCES:
+        return SOURCES[name]
+    return SOURCES[SUITE_PREFIX] if name.startswith(SUITE_PREFIX) else None
+
+
+def fingerprint(name: str) -> str | None:
+    """A hash of the sources recording ``name`` measures, as they are now (None if it measures none)."""
+    import hashlib
+
+    paths = sources_of(name)
+    if paths is None:
+        return None
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for rel in paths:
+        target = root / rel
+        for f in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
+            digest.update(f.relative_to(root).as_posix().encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def save(name: str, records, *, command: str, directory: Path | None = None, **extra) -> Path:
-    """Write ``records`` with the facts of this machine to ``<directory>/<name>.json`` (default ``fa_lab/data``)."""
+    """Write ``records`` with the facts of this machine to ``<directory>/<name>.json`` (default ``fa_lab/data``).
+
+    ``meta["sources"]`` fingerprints the code the recording measures (see ``SOURCES``).
+    """
+    sources = fingerprint(name)
+    if sources is not None:
+        extra.setdefault("sources", sources)
     return write(Path(directory or DATA_DIR) / f"{name}.json", list(records), metadata(command, **extra))
 
 
