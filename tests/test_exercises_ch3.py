@@ -19,7 +19,8 @@ from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close
 from fa_lab.core.world import ON_GPU
 from fa_lab.exercises import get
-from fa_lab.exercises.ch3 import BLOCK_M, BLOCK_N, D_MAX, key_tiles, tile_mask, tile_update
+from fa_lab.exercises.ch3 import key_tiles, tile_mask, tile_update
+from fa_lab.exercises.ch3_kernels import BLOCK_M, BLOCK_N, D_MAX
 from fa_lab.exercises.runner import run_check
 from fa_lab.exercises.sim_counts import MemoryCounter, tiles_needed
 

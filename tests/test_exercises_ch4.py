@@ -5,6 +5,8 @@ fa_lab's: the check must see them as the learner's own kernels), so the feedback
 feedback a learner with that mistake gets.
 """
 import math
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -13,8 +15,9 @@ import triton
 import triton.language as tl
 
 import fa_lab  # noqa: F401  (conftest imports it before triton: it picks the world)
-from fa_lab.exercises import ch4, check, get, hint
+from fa_lab.exercises import ch4, ch4_kernels, check, get, hint
 from fa_lab.exercises.runner import run_check
+from fa_lab.exercises.structure import TritonDotCount
 
 # trusted: the solution and the mistakes are fa_lab's own functions (what is tested is the judging)
 
@@ -128,10 +131,10 @@ def _launch_wrong(q, k, v, causal, top_left=False, tail_mask=True, lse_log2=Fals
     B, H, n_q, D = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((B, H, n_q), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(n_q, ch4.BLOCK_M), B * H)
+    grid = (triton.cdiv(n_q, ch4_kernels.BLOCK_M), B * H)
     _wrong_kernel[grid](q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                         n_q, k.shape[2], H, H // k.shape[1], D, 1.4426950408889634 / math.sqrt(D),
-                        CAUSAL=causal, BLOCK_M=ch4.BLOCK_M, BLOCK_N=ch4.BLOCK_N,
+                        CAUSAL=causal, BLOCK_M=ch4_kernels.BLOCK_M, BLOCK_N=ch4_kernels.BLOCK_N,
                         BLOCK_D=max(16, triton.next_power_of_2(D)),
                         TOP_LEFT=top_left, TAIL_MASK=tail_mask, LSE_LOG2=lse_log2)
     return o, lse
@@ -187,17 +190,49 @@ def test_unskipped_causal_loop_fails_on_work_alone():
 @pytest.mark.skipif(fa_lab.ON_GPU, reason="counts tl.dot calls in the Triton interpreter")
 @pytest.mark.parametrize("n_q,n_k", [(192, 192), (128, 160), (50, 21), (1, 1)])
 def test_the_skipping_kernel_computes_exactly_the_needed_tiles(n_q, n_k):
-    check_ = ch4.KeyBlocksComputed()
+    check_ = ch4_kernels.KeyBlocksComputed()
     q, k, v = (torch.randn(1, 2, n, 16, dtype=torch.float16) for n in (n_q, n_k, n_k))
     case = get("ch4_skip_masked").make_cases(0)[0]
     case.meta.update(n_q=n_q, n_k=n_k, bh=2)
     monitor = check_.monitor(case, (q, k, v), {})
     try:
-        ch4.flash_attention_causal_triton(q, k, v)
+        ch4_kernels.flash_attention_causal_triton(q, k, v)
     finally:
         monitor.finish()
-    needed, every = ch4.causal_key_blocks(n_q, n_k, ch4.BLOCK_M, ch4.BLOCK_N)
-    assert monitor.seen["dots"] == 2 * 2 * needed
+    needed, every = ch4_kernels.causal_key_blocks(n_q, n_k, ch4_kernels.BLOCK_M, ch4_kernels.BLOCK_N)
+    assert monitor.dots.count == 2 * 2 * needed
     assert monitor.verdict() is None
     if n_q == n_k == 192:
         assert needed < 0.6 * every     # about half: 21 of 36 tiles with 32 × 32 tiles
+
+
+@pytest.mark.skipif(fa_lab.ON_GPU, reason="counts tl.dot calls in the Triton interpreter")
+def test_dot_counter_counts_every_dot_and_puts_the_interpreter_back():
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    original = InterpreterBuilder.create_dot
+    n_q, n_k = 40, 70                   # 2 query blocks × 3 key tiles of 32, two tl.dot each
+    q, k, v = (torch.randn(1, 1, n, 16, dtype=torch.float16) for n in (n_q, n_k, n_k))
+    with TritonDotCount() as dots:
+        _launch_wrong(q, k, v, False)
+    assert InterpreterBuilder.create_dot is original
+    blocks = triton.cdiv(n_q, ch4_kernels.BLOCK_M) * triton.cdiv(n_k, ch4_kernels.BLOCK_N)
+    assert dots.count == 2 * blocks
+    assert dots.first == ((ch4_kernels.BLOCK_M, 16), (16, ch4_kernels.BLOCK_N))   # q @ kᵀ: the tile sizes
+    _launch_wrong(q, k, v, False)
+    assert dots.count == 2 * blocks     # stopped: counts nothing more
+
+
+def test_chapter_modules_register_in_the_book_order():
+    """Each chapter's warm-ups, then its kernels; chapter after chapter (a fresh process: nothing imported yet)."""
+    code = "import fa_lab\nfrom fa_lab.exercises import names\nprint(repr(names()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    order = eval(done.stdout.strip().splitlines()[-1])
+    chapters = [int(n[2:n.index("_")]) for n in order]
+    assert chapters == sorted(chapters)
+    assert [n for n in order if n.startswith(("ch3", "ch4", "ch5"))] == [
+        "ch3_tile_mask", "ch3_key_tiles", "ch3_tile_update", "ch3_tiled_kernel", "ch3_causal_skip",
+        "ch4_key_block_ranges", "ch4_flash_forward", "ch4_flash_kernel", "ch4_skip_masked",
+        "ch5_recompute_p", "ch5_dv_and_delta", "ch5_ds_from_dp", "ch5_attention_backward",
+        "ch5_dkdv_kernel", "ch5_dq_kernel"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fa_lab  # noqa: F401  (first: picks the world)
-from fa_lab.exercises import ch5, get, hint, names
+from fa_lab.exercises import ch5_kernels, get, hint, names
 from fa_lab.exercises.runner import run_check
 
 KERNEL_EXERCISES = ("ch5_dkdv_kernel", "ch5_dq_kernel")
@@ -47,13 +47,13 @@ def test_kernel_exercises_are_triton_with_tiered_hints():
 
 def test_judge_is_autograd_and_the_formulas_agree_with_it():
     """The mistakes are the formulas with one switch flipped: without it they must be the judge."""
-    for case in ch5._kernel_cases(3):
+    for case in ch5_kernels._kernel_cases(3):
         q, k, v, o, do, lse, delta = case.args
         causal = case.kwargs["causal"]
-        expected = ch5._autograd_grads(q, k, v, do, causal)
-        for got, want in zip(ch5._grads(q, k, v, do, lse, delta, causal), expected):
+        expected = ch5_kernels._autograd_grads(q, k, v, do, causal)
+        for got, want in zip(ch5_kernels._grads(q, k, v, do, lse, delta, causal), expected):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
-        dq = ch5.dq_reference(*case.args, causal=causal)
+        dq = ch5_kernels.dq_reference(*case.args, causal=causal)
         assert dq.dtype == q.dtype and torch.isfinite(dq).all()
 
 
@@ -71,13 +71,13 @@ def test_each_mistake_fails_with_its_diagnosis(name, mistake):
 
 #: exercise -> (kernel, launcher) of the model answer, and the mutants: (mistake it makes, [(old, new), ...])
 MUTANTS = {
-    "ch5_dkdv_kernel": (ch5.dkdv_kernel, ch5.attention_dkdv, [
+    "ch5_dkdv_kernel": (ch5_kernels.dkdv_kernel, ch5_kernels.attention_dkdv, [
         ("D (delta) left out of dS", [("dsT = pT * (dpT - Di[None, :])", "dsT = pT * dpT")]),
         ("the scale left out of dK", [("(dk * sm_scale).to(", "dk.to(")]),
         ("GQA: only the group's first query head", [("for g in range(group):", "for g in range(1):")]),
         ("a top-left causal mask", [("diag = N_K - N_Q", "diag = 0")]),
     ]),
-    "ch5_dq_kernel": (ch5.dq_kernel, ch5.attention_dq, [
+    "ch5_dq_kernel": (ch5_kernels.dq_kernel, ch5_kernels.attention_dq, [
         ("D (delta) left out of dS", [("ds = p * (dp - Di[:, None])", "ds = p * dp")]),
         ("the scale left out of dQ", [("(dq * sm_scale).to(", "dq.to(")]),
         ("a top-left causal mask", [("diag = N_K - N_Q", "diag = 0")]),

@@ -134,7 +134,7 @@ def sweep(impls, seq_lens, *, progress: bool = True, skip_after_oom: bool = True
     Once an implementation runs out of memory at some N, longer N are recorded as
     'oom (skipped)' rather than tried again: the wall is the point, not the retries.
     """
-    from tqdm import tqdm   # plain: tqdm.auto warns (with a path) where ipywidgets is absent
+    from tqdm import tqdm  # plain: tqdm.auto warns (with a path) where ipywidgets is absent
 
     records = []
     hit_wall: set[str] = set()

@@ -42,13 +42,17 @@ from typing import Any, Callable
 
 import torch
 
-#: one module per chapter; each registers its exercises on import
+#: the chapters' modules in the book's order (a chapter's warm-ups, then its kernels); each registers
+#: its exercises on import
 CHAPTER_MODULES = [
     "fa_lab.exercises.ch1",
     "fa_lab.exercises.ch2",
     "fa_lab.exercises.ch3",
+    "fa_lab.exercises.ch3_kernels",
     "fa_lab.exercises.ch4",
+    "fa_lab.exercises.ch4_kernels",
     "fa_lab.exercises.ch5",
+    "fa_lab.exercises.ch5_kernels",
     "fa_lab.exercises.ch6",
 ]
 
@@ -125,16 +129,18 @@ def register_exercise(ex: Exercise) -> Exercise:
     return ex
 
 
-#: chapters whose exercises are Triton kernels: not loaded where Triton is not installed
-TRITON_CHAPTERS = {4: "fa_lab.exercises.ch4", 5: "fa_lab.exercises.ch5"}
+#: chapters whose exercises are Triton kernels, and their modules: not loaded where Triton is not installed
+TRITON_CHAPTERS = {4: ("fa_lab.exercises.ch4", "fa_lab.exercises.ch4_kernels"),
+                   5: ("fa_lab.exercises.ch5", "fa_lab.exercises.ch5_kernels")}
 
 
 def load() -> dict[str, Exercise]:
     """Import every chapter's module (each registers its exercises) and return the registry."""
     from fa_lab.core.world import HAS_TRITON
 
+    triton_modules = {mod for mods in TRITON_CHAPTERS.values() for mod in mods}
     for mod in CHAPTER_MODULES:
-        if HAS_TRITON or mod not in TRITON_CHAPTERS.values():
+        if HAS_TRITON or mod not in triton_modules:
             importlib.import_module(mod)
     return EXERCISES
 

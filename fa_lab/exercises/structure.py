@@ -12,7 +12,9 @@ thread that runs the learner's code) and judge afterwards:
                          device arrays, per element of the named inputs;
 - ``PoisonEmpty``        always on: ``torch.empty``-style buffers come back filled with NaN,
                          so a row the learner never writes shows up as NaN instead of as
-                         whatever zeros the allocator happened to return.
+                         whatever zeros the allocator happened to return;
+- ``TritonDotCount``     the ``tl.dot`` calls the Triton interpreter runs (a chapter's check
+                         turns them into the key tiles a kernel computed).
 
 A check applies to the cases whose ``meta`` has ``structure=True`` (large enough that a
 tile is clearly smaller than Nq·Nk), unless it overrides ``applies``.  Kernel-style
@@ -254,3 +256,47 @@ class SimLoadBudget(StructureCheck):
             return None
         return (f"too many global-memory loads per element ({', '.join(over)}; budget {self.budget:g}×). "
                 + (self.why or "Stage each tile in shared memory once and reuse it from there."))
+
+
+class TritonDotCount:
+    """Triton interpreter: counts the ``tl.dot`` calls run while it is active (``count``) and keeps the
+    operand shapes of the first one (``first``: ``(a.shape, b.shape)``, None until a dot runs).
+
+    ``start()`` patches the interpreter's builder and ``stop()`` puts it back (or use ``with``).
+    The patch runs inside the learner's call, so it lives here: the call watch reads code of this
+    module as the checks' own instrumentation, and code of an exercise's module as its solution.
+    """
+
+    def __init__(self):
+        self.count = 0
+        self.first = None
+        self._original = None
+
+    def start(self) -> "TritonDotCount":
+        from triton.runtime.interpreter import InterpreterBuilder
+
+        original = InterpreterBuilder.create_dot
+        counter = self
+
+        def counting_dot(builder, a, b, *rest):
+            if counter.first is None:
+                counter.first = (a.data.shape, b.data.shape)
+            counter.count += 1
+            return original(builder, a, b, *rest)
+
+        InterpreterBuilder.create_dot = counting_dot
+        self._original = original
+        return self
+
+    def stop(self) -> None:
+        if self._original is not None:
+            from triton.runtime.interpreter import InterpreterBuilder
+
+            InterpreterBuilder.create_dot = self._original
+            self._original = None
+
+    def __enter__(self) -> "TritonDotCount":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
