@@ -1,0 +1,37 @@
+"""The shipped GPU recordings describe the code as it is: none older than the kernel it measures.
+
+Each recording stores a fingerprint of the sources it measures (``fa_lab.bench.records.SOURCES``);
+a kernel edited since its recording fails here until the recording is made again with the command
+stored in its meta.  The chapters' recordings come from one kind of GPU, so no two chapters
+compare numbers from different machines.
+"""
+import pytest
+
+from fa_lab.bench import records
+from fa_lab.core.data import DATA_DIR
+
+TIED = sorted(p.stem for p in DATA_DIR.glob("*.json") if records.sources_of(p.stem) is not None)
+
+
+def test_there_are_recordings():
+    assert {"gpu_ch1_2", "gpu_ch3", "gpu_ch4", "gpu_ch5", "gpu_ch6"} <= set(TIED)
+
+
+@pytest.mark.parametrize("name", TIED)
+def test_recording_is_not_older_than_its_code(name):
+    meta, _ = records.read(DATA_DIR / f"{name}.json")
+    assert meta.get("sources") == records.fingerprint(name), (
+        f"{name}.json was recorded before {', '.join(records.sources_of(name))} last changed: "
+        f"record it again on a GPU with `{meta.get('command')}`")
+
+
+def test_chapters_are_recorded_on_one_kind_of_gpu():
+    devices = {name: records.read(DATA_DIR / f"{name}.json")[0].get("device") for name in TIED}
+    assert len(set(devices.values())) == 1, devices
+
+
+def test_fingerprint_follows_the_source(tmp_path, monkeypatch):
+    before = records.fingerprint("gpu_ch1_2")
+    assert before == records.fingerprint("gpu_ch1_2") and len(before) == 16
+    assert records.fingerprint("gpu_notebooks") is None
+    assert records.fingerprint("gpu_bench_h100_sweep") == records.fingerprint("gpu_bench_h100_latency")
