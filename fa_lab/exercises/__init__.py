@@ -1,4 +1,4 @@
-"""Graded exercises: ``names()``, ``reference(name)``, ``check(name, fn)``, ``describe(name)``.
+"""Graded exercises: ``names()``, ``check(name, fn)``, ``describe(name)``, ``hint(name, level)``.
 
 In a notebook::
 
@@ -6,16 +6,18 @@ In a notebook::
     def softmax_rows(s): ...
     check("ch1_safe_softmax", softmax_rows)      # a pass/fail table, never an exception
 
-Each chapter's exercises live in ``fa_lab/exercises/chN.py``; the learner's notebooks
-are in ``exercises/`` and the solutions stay here, out of the learner's notebook.
-``fa-lab grade exercises/`` executes the notebooks from a fresh kernel and prints a
-score table (``--json`` for a gradebook, ``--solutions`` to fill in the solutions).
+Each chapter's exercises live in ``fa_lab/exercises/chN.py`` (warm-ups) and
+``chN_kernels.py`` (kernels); the learner's notebooks are in ``exercises/`` and the
+solutions stay here, out of the learner's notebook.  ``fa-lab grade exercises/`` grades
+the notebooks (see ``grade``: the learner's definitions are checked in a fresh process).
 
 The machinery, one idea per module: ``registry`` (what an exercise is, and where they are
-kept), ``runner`` (``run_check``: every planned case, scored), ``guard`` (calling the
-learner's code in a thread, with a time limit, catching everything it throws), ``judge``
-(fresh inputs, expected outputs, comparing, diagnoses), ``feedback`` (what a wrong tensor
-teaches), ``structure`` (how the result was computed), ``result`` (the table a check shows).
+kept), ``runner`` (``run_check``: every planned case, scored), ``isolate`` (running the
+learner's function in a fresh process), ``program`` (the notebook's definitions),
+``callwatch`` (whose code computed the answer), ``guard`` (calling the learner's code in a
+thread, with a time limit, catching everything it throws), ``judge`` (fresh inputs,
+expected outputs, comparing, diagnoses), ``feedback`` (what a wrong tensor teaches),
+``structure`` (how the result was computed), ``result`` (the table a check shows).
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 An exercise is a function the learner writes (``softmax_rows``, ``online_attention``,
 ...), a solution with the same signature, and a generator of test cases.  Each chapter's
-module (``fa_lab/exercises/chN.py``) builds its exercises and registers them on import;
-``names``, ``get``, ``reference`` and ``describe`` load every chapter first.
+modules (``fa_lab/exercises/chN.py`` for the warm-ups, ``chN_kernels.py`` for the kernel
+exercises) build its exercises and register them on import; ``names``, ``get``,
+``reference``, ``hint`` and ``describe`` load every chapter first.
 
 Optional ``Exercise`` fields (all defaulted; chapters that do not need them ignore them):
 
