@@ -90,7 +90,12 @@ def sources_of(name: str) -> tuple | None:
 
 
 def fingerprint(name: str) -> str | None:
-    """A hash of the sources recording ``name`` measures, as they are now (None if it measures none)."""
+    """A hash of the sources recording ``name`` measures, as they are now (None if it measures none).
+
+    It hashes the code's syntax tree, so comments and layout (a ``# region:`` marker for the
+    book) leave it unchanged; any change to what the code does changes it.
+    """
+    import ast
     import hashlib
 
     paths = sources_of(name)
@@ -102,7 +107,7 @@ def fingerprint(name: str) -> str | None:
         target = root / rel
         for f in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
             digest.update(f.relative_to(root).as_posix().encode())
-            digest.update(f.read_bytes())
+            digest.update(ast.dump(ast.parse(f.read_text(encoding="utf-8"))).encode())
     return digest.hexdigest()[:16]
 
 

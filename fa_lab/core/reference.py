@@ -25,7 +25,14 @@ def reference_attention(q, k, v, spec: AttentionSpec):
     k, v = expand_kv(k, spec.group), expand_kv(v, spec.group)
     s = torch.matmul(q, k.transpose(-1, -2)) * spec.scale
     ok = visible(spec.n_q, spec.n_k, spec.left, spec.right, device=s.device)
-    s = s.masked_fill(~ok, float("-inf"))
+    return attention_from_scores(s.masked_fill(~ok, float("-inf")), v)
+
+
+def attention_from_scores(s, v):
+    """``(o, lse)`` from masked scores ``s (..., Nq, Nk)`` (hidden keys at -inf) and ``v (..., Nk, D)``.
+
+    A row that sees no key gives o = 0 and lse = -inf.
+    """
     # Subtract the row max (detached: it cancels out mathematically) for a safe exp;
     # rows with no visible key have max -inf, replaced by 0 so that exp(-inf) = 0, not NaN.
     m = s.detach().amax(dim=-1, keepdim=True)
@@ -34,7 +41,7 @@ def reference_attention(q, k, v, spec: AttentionSpec):
     l = e.sum(dim=-1, keepdim=True)
     empty = l == 0
     l_safe = torch.where(empty, torch.ones_like(l), l)
-    o = torch.matmul(e / l_safe, v)
+    o = torch.matmul(e / l_safe, v.to(e.dtype))
     lse = torch.where(empty, torch.full_like(l, float("-inf")), m + torch.log(l_safe)).squeeze(-1)
     return o, lse
 

@@ -23,6 +23,7 @@ import fa_lab.exercises.ch3  # noqa: F401  (the chapter's warm-ups register firs
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.spec import make_spec
 from fa_lab.core.world import DEVICE, pick
+from fa_lab.core.reference import attention_from_scores
 from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 from fa_lab.exercises.sim_counts import KVLoads
 
@@ -215,15 +216,7 @@ def _attention_variant(q, k, v, causal, *, top_left=False, scale=None, tail_visi
         if stop_row is not None:          # the tile loop stops early: keys past the last tile visited are never seen
             stop = stop_row(i // BLOCK_M * BLOCK_M, n_q, n_k)
             ok &= j < torch.where(stop > 0, (stop + BLOCK_N - 1) // BLOCK_N * BLOCK_N, 0)
-    s = s.masked_fill(~ok, float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m)
-    l = p.sum(-1, keepdim=True)
-    seen = l > 0
-    l_safe = torch.where(seen, l, torch.ones_like(l))
-    o = torch.where(seen, (p / l_safe) @ v64, torch.zeros((), dtype=torch.float64, device=q.device))
-    lse = torch.where(seen, m + torch.log(l_safe), torch.full_like(l, float("-inf")))[..., 0]
+    o, lse = attention_from_scores(s.masked_fill(~ok, float("-inf")), v64)
     return o.to(q.dtype), lse.to(q.dtype)
 
 

@@ -24,6 +24,7 @@ import triton.language as tl
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.spec import make_spec
 from fa_lab.core.world import DEVICE
+from fa_lab.core.reference import attention_from_scores
 from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 
 
@@ -260,15 +261,8 @@ def attention_variant(q, k, v, causal, temperature=1.0, top_left=False, pad_keys
         i = torch.arange(n_q, device=q.device)[:, None]
         j = torch.arange(s.shape[-1], device=q.device)[None, :]
         s = s.masked_fill(j > i + (0 if top_left else n_k - n_q), float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    p = torch.exp(s - m)
-    l = p.sum(-1, keepdim=True)
-    seen = l > 0
-    l_safe = torch.where(seen, l, torch.ones_like(l))
-    o = torch.where(seen, (p / l_safe) @ v, torch.zeros((), dtype=p.dtype, device=p.device))
-    lse = torch.where(seen, m + torch.log(l_safe), torch.full_like(l, float("-inf")))
-    return o.to(q.dtype), lse[..., 0].float()
+    o, lse = attention_from_scores(s, v)
+    return o.to(q.dtype), lse.float()
 
 
 FLASH_MISTAKES = (
