@@ -121,7 +121,8 @@ summary = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(times
 print("gpu_run: model answers graded:", summary["score"], "/", summary["max_score"], "in", summary["seconds"], "s")
 blob = json.load(open(path)) if os.path.exists(path) else json.load(open("fa_lab/data/gpu_notebooks.json"))
 blob["meta"]["exercise_solutions"] = summary
-json.dump(blob, open(path, "w"), indent=1)
+from fa_lab.bench import records
+records.write(path, blob["records"], blob["meta"])
 PY
 fi
 

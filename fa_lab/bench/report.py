@@ -55,7 +55,7 @@ SCENARIOS = [
      dict(dtype="float32", mask="causal", mode="fwd", head_dim=128, min_n=1024, max_n=4096), "ms"),
     ("small shape, eager (1, 8, 512, 64) bf16 forward: per call, back to back", "latency",
      dict(dtype="bfloat16", mask="none", mode="fwd"), "ms_back_to_back"),
-    ("small shape (1, 8, 512, 64) bf16 forward: GPU time only (e.g. inside a CUDA graph)", "latency",
+    ("small shape (1, 8, 512, 64) bf16 forward: do_bench time (kernel time plus launch gaps)", "latency",
      dict(dtype="bfloat16", mask="none", mode="fwd"), "ms"),
     ("sliding window (128, 0) at (1, 8, 512, 64), bf16 forward", "latency",
      dict(dtype="bfloat16", mask="window", mode="fwd"), "ms"),
