@@ -9,7 +9,10 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   if [ "$(uname -s)" = Linux ] && ! command -v nvidia-smi >/dev/null 2>&1; then
     echo "setup: no torch and no NVIDIA GPU found, installing the CPU build of torch==2.13.0"
-    "$PY" -m pip install -q torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    # the CPU index where it can be reached; otherwise the default index (which some mirrors serve as CPU)
+    "$PY" -m pip install -q --retries 1 --timeout 20 torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+      || { echo "setup: the CPU index is out of reach, installing torch==2.13.0 from the default index";
+           "$PY" -m pip install -q torch==2.13.0; }
   else
     echo "setup: no torch found, installing torch==2.13.0"
     "$PY" -m pip install -q torch==2.13.0
