@@ -48,11 +48,13 @@ def minimal_kernel(Q, K, V, O, LSE, scale, n_q, n_k, heads, kv_heads, left, righ
     acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
     diag = offs_m + n_k - n_q  # bottom-right: query i sits at key i + Nk - Nq
     for start_n in range(0, n_k, BLOCK_N):
+        # region: kv-loads
         cols = start_n + offs_n
         kv_ptrs = (kv_row + cols)[:, None] * head_dim + offs_d[None, :]
         kv_ok = (cols[:, None] < n_k) & (offs_d[None, :] < head_dim)
         k = tl.load(K + kv_ptrs, mask=kv_ok, other=0.0)
         v = tl.load(V + kv_ptrs, mask=kv_ok, other=0.0)
+        # endregion: kv-loads
         s = tl.dot(q, tl.trans(k)) * scale  # S = Q Kᵀ on the Tensor Cores
         keep = ((cols[None, :] < n_k) & ((left < 0) | (cols[None, :] >= diag[:, None] - left))
                 & ((right < 0) | (cols[None, :] <= diag[:, None] + right)))
