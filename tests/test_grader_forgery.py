@@ -266,3 +266,71 @@ def test_a_failing_demo_line_costs_nothing():
     assert "for i" not in program and "check(" not in program
     namespace, _ = load(program)
     assert namespace["BLOCK"] == 16 and callable(namespace["softmax_rows"])
+
+
+MISBEHAVING_CH1 = [
+    '''class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no")
+
+def causal_mask(n_q, n_k):
+    raise Unprintable()''',
+    '''def softmax_rows(s):
+    s -= s.amax(-1, keepdim=True).clamp_min(-1e30)     # in place: the caller's scores change
+    e = torch.exp(s)
+    return e / e.sum(-1, keepdim=True).clamp_min(1e-30)''',
+    '''import fa_lab
+
+def naive_attention(q, k, v, causal=False):
+    return fa_lab.attention(q[None, None], k[None, None], v[None, None], causal=causal)[0, 0]''',
+]
+
+MISBEHAVING_CH2 = [
+    '''def merge_states(m_a, l_a, m_b, l_b):
+    raise KeyboardInterrupt''',
+    '''import math
+
+def online_attention(q, k, v, block_n, causal=False):
+    k, v = k[:96], v[:96]                    # a bug: keys past 96 are never visited
+    n_q, n_k = q.shape[0], k.shape[0]
+    m = torch.full((n_q,), -math.inf, dtype=torch.float64)
+    l = torch.zeros(n_q, dtype=torch.float64)
+    acc = torch.zeros(n_q, v.shape[1], dtype=torch.float64)
+    for j0 in range(0, n_k, block_n):
+        s = q.double() @ k[j0:j0 + block_n].double().T / math.sqrt(q.shape[1])
+        if causal:
+            i = torch.arange(n_q)[:, None]
+            j = torch.arange(j0, min(j0 + block_n, n_k))[None, :]
+            s = s.masked_fill(j > i + (n_k - n_q), -math.inf)
+        m_new = torch.maximum(m, s.amax(1))
+        m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_use[:, None])
+        alpha = torch.exp(m - m_use)
+        l = l * alpha + p.sum(1)
+        acc = acc * alpha[:, None] + p @ v[j0:j0 + block_n].double()
+        m = m_new
+    seen = l > 0
+    o = torch.where(seen[:, None], acc / torch.where(seen, l, torch.ones_like(l))[:, None], torch.zeros_like(acc))
+    lse = torch.where(seen, m + torch.log(torch.where(seen, l, torch.ones_like(l))), torch.full_like(l, -math.inf))
+    return o.to(q.dtype), lse.to(q.dtype)''',
+]
+
+
+@pytest.mark.parametrize("notebook,cells,expected", [
+    ("01_naive_attention.ipynb", MISBEHAVING_CH1,
+     {"ch1_causal_mask": "your code raised Unprintable", "ch1_safe_softmax": "changed its input s in place",
+      "ch1_naive_attention": "not accepted: your function called fa_lab's finished implementation"}),
+    ("02_online_softmax.ipynb", MISBEHAVING_CH2,
+     {"ch2_merge_states": "KeyboardInterrupt (raised by your code itself", "ch2_online_attention": "n_k=130"}),
+])
+def test_grade_names_every_misbehaviour(tmp_path, capsys, notebook, cells, expected):
+    book = nbformat.read(ROOT / "exercises" / notebook, as_version=4)
+    for source in cells:
+        book.cells.append(nbformat.v4.new_code_cell(source))
+    path = tmp_path / notebook
+    nbformat.write(book, path)
+    rc, graded = _grade(capsys, str(path), "--timeout", "30")
+    (entry,) = graded["notebooks"]
+    for e in entry["exercises"]:
+        assert not e["passed"], e
+        assert expected[e["name"]] in e["feedback"], (e["name"], e["feedback"])
