@@ -2,6 +2,7 @@
 import pytest
 
 from fa_lab.exercises import check, get, reference
+from fa_lab.exercises.runner import run_check
 from fa_lab.exercises.ch6 import _exact_keys, _kv_once, _no_lse, _no_skipping
 from fa_lab.perf.model import Problem, flash_forward_counts
 
@@ -20,14 +21,14 @@ def test_solution_matches_the_model(seed):
 
 
 def test_solution_scores_full_marks():
-    res = check("ch6_tiled_forward_bytes", reference("ch6_tiled_forward_bytes"))
+    res = run_check(get("ch6_tiled_forward_bytes"), get("ch6_tiled_forward_bytes").model_answer)
     assert res.score == res.max_score > 0
 
 
 @pytest.mark.parametrize("wrong,words", [(_kv_once, "re-read"), (_no_lse, "log-sum-exp"),
                                          (_no_skipping, "never loaded"), (_exact_keys, "whole")])
 def test_typical_mistakes_fail_with_a_named_reason(wrong, words):
-    res = check("ch6_tiled_forward_bytes", wrong)
+    res = run_check(get("ch6_tiled_forward_bytes"), wrong, trusted=True)   # built from the solution's module
     assert res.score < res.max_score
     assert any(words in str(row.get("diagnosis", "")) for row in res.rows)
 
