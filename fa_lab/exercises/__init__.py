@@ -40,7 +40,7 @@ from fa_lab.exercises.registry import (
     register_exercise,
 )
 from fa_lab.exercises.result import CheckResult
-from fa_lab.exercises.runner import DEFAULT_SEEDS, DEFAULT_TIMEOUT, max_score, plan, run_check
+from fa_lab.exercises.runner import DEFAULT_SEEDS, DEFAULT_TIMEOUT, InProcess, max_score, plan, run_check
 from fa_lab.exercises.structure import NoQuadraticBuffer, ReadBudget, SimLoadBudget, StructureCheck
 
 #: set by ``fa-lab grade`` while it executes a notebook: the notebook's own checks are skipped (the grade
@@ -113,4 +113,6 @@ def check(name: str, fn, *, seeds=DEFAULT_SEEDS, timeout: float = DEFAULT_TIMEOU
             caller = Isolated(ex, ref=ref)
     except Exception:  # noqa: BLE001 — no process to run it in: the thread of this process will do
         caller = None
+    if caller is None and callable(fn):   # a lambda or closure: a thread of this process, not profiled
+        caller = InProcess(ex, fn, trusted=False, profile=False)
     return run_check(ex, fn, seeds=seeds, timeout=timeout, trusted=False, caller=caller)

@@ -2,18 +2,21 @@
 
 A kernel exercise is not passed by calling ``fa_lab.attention``, ``exercises.reference(...)``
 or PyTorch's SDPA, and it is not passed without launching a kernel of the kind it teaches.
-``CallWatch`` is a hook for ``guard.call_with_timeout``: it installs a trace function in the
-thread that runs the learner's code (``sys.settrace`` sees every Python call there; it asks for
-no line events, so the cost is one cheap call per Python call), a torch function mode (PyTorch's
-attention functions, which are builtins) and watches the PyTorch ops that thread runs (attention
-ops reached some other way).  Afterwards:
+``CallWatch`` is a hook for ``guard.call_with_timeout``: it installs a profile function in the
+thread that runs the learner's code (``sys.setprofile`` sees every Python call there; the other
+events return at once), a torch function mode (PyTorch's attention functions, which are builtins)
+and watches the PyTorch ops that thread runs (attention ops reached some other way).  The
+profile function is installed wherever the learner's code runs in a process of the grader's own
+(``isolate``) and in ``run_check``; a lambda or closure that ``check`` runs in the notebook's own
+process is not profiled (a profiled thread there was seen to miss the exception that stops it when the user
+presses stop), so its kernel row says to define the function at the top level.  Afterwards:
 
 - ``forbidden``  what finished implementation was called, in words (None if none);
 - ``launches``   ``{"triton": n, "numba": n}``: kernels launched whose Python source is the learner's.
 
 A kernel's source is the learner's when it is not inside the ``fa_lab`` package, or when it is in
 the file the checked function itself comes from (a model answer shipped in ``fa_lab/exercises``).
-Numba's simulator runs a kernel's threads as other Python threads, which the trace function
+Numba's simulator runs a kernel's threads as other Python threads, which the profile function
 does not see: the launch itself happens in the learner's thread and is what counts.
 """
 from __future__ import annotations
@@ -60,9 +63,13 @@ def _kernel_function(obj):
 class CallWatch:
     """Hook: records forbidden calls and the learner's kernel launches (see the module docstring)."""
 
-    def __init__(self, own_files=(), trusted: bool = False):
+    def __init__(self, own_files=(), trusted: bool = False, profile: bool = True):
         self.own_files = {os.path.realpath(f) for f in own_files if f}
         self.trusted = trusted          # the exercises' own model answers may use fa_lab's helpers
+        # profile calls: in a process of the grader's own, or for trusted code; a learner's closure run in
+        # the notebook's process is not profiled (a profiled thread there was seen to miss the exception
+        # that stops it when the user presses stop)
+        self.profiled = profile
         self.forbidden: str | None = None
         self.launches = {"triton": 0, "numba": 0}
         self._kind: dict = {}           # code object -> _IGNORE / _FORBIDDEN / _LAUNCH (+ which)
@@ -98,7 +105,7 @@ class CallWatch:
 
     # ---------------------------------------------------------------- hooks
     def trace(self, frame, event, arg):
-        """``sys.settrace`` function: sees each Python call once (no line events: it returns None)."""
+        """``sys.setprofile`` function: acts on each Python call, returns at once for every other event."""
         if event == "call":
             code = frame.f_code
             kind = self._kind.get(code)
@@ -133,6 +140,9 @@ class CallWatch:
         """For a kernel exercise: None when a kernel of ``kind`` written by the learner was launched."""
         if self.forbidden is not None:
             return self.message()
+        if not self.profiled:
+            return ("not judged: define your function at the top level of a notebook cell, so that check() can "
+                    "run it in a process of its own and see the kernels it launches")
         if self.launches.get(kind, 0) == 0:
             what = {"triton": "a Triton kernel (a @triton.jit function launched as kernel[grid](...))",
                     "numba": "a Numba CUDA kernel (a @cuda.jit function launched as kernel[blocks, threads](...))"}

@@ -77,12 +77,12 @@ def call_with_timeout(fn, args, kwargs, timeout: float, hooks=()):
     """
     box: dict[str, Any] = {}
 
-    tracer = next((h.trace for h in hooks if hasattr(h, "trace")), None)
+    tracer = next((h.trace for h in hooks if getattr(h, "profiled", False)), None)
 
     def target():
         try:
             if tracer is not None:     # sees every Python call this thread makes (callwatch.CallWatch)
-                sys.settrace(tracer)
+                sys.setprofile(tracer)
             try:
                 with contextlib.ExitStack() as stack:
                     for hook in hooks:
@@ -92,7 +92,7 @@ def call_with_timeout(fn, args, kwargs, timeout: float, hooks=()):
                         stack.enter_context(Watch(hooks))
                     box["value"] = fn(*args, **kwargs)
             finally:
-                sys.settrace(None)
+                sys.setprofile(None)
         except _StopLearnerCode:
             box["stopped"] = True
         except BaseException as exc:  # noqa: BLE001 — anything the learner's code throws is reported

@@ -163,13 +163,13 @@ def _same(a, b) -> bool:
 
 
 def call_case(ex: Exercise, fn, case: Case, checks: list, remaining: float, *, own_files=(),
-              trusted: bool = False) -> CallReport:
+              trusted: bool = False, profile: bool = True) -> CallReport:
     """Call the learner's ``fn`` on one case, under the structure watchers, in this process."""
     report = CallReport()
     args, kwargs = prepare_args(ex, case)
     before = {i: a.detach().clone() for i, a in enumerate(args)
               if isinstance(a, torch.Tensor) and i not in ex.out_args}
-    watch = CallWatch(own_files, trusted=trusted)
+    watch = CallWatch(own_files, trusted=trusted, profile=profile)
     monitors = [None if isinstance(c, OwnKernel) else c.monitor(case, args, kwargs) for c in checks]
     hooks = ([PoisonEmpty()] if ex.poison_empty else []) + [m for m in monitors if m is not None] + [watch]
     try:
@@ -209,12 +209,13 @@ class InProcess:
     """Runs the learner's function in this process (a thread with a time limit): the trusted path and the
     fallback for functions that cannot be loaded elsewhere."""
 
-    def __init__(self, ex: Exercise, fn, trusted: bool = False):
-        self.ex, self.fn, self.trusted = ex, fn, trusted
+    def __init__(self, ex: Exercise, fn, trusted: bool = False, profile: bool = True):
+        self.ex, self.fn, self.trusted, self.profile = ex, fn, trusted, profile
         self.own_files = [f for f in (own_file(fn),) if f]
 
     def call(self, case: Case, checks: list, remaining: float) -> CallReport:
-        return call_case(self.ex, self.fn, case, checks, remaining, own_files=self.own_files, trusted=self.trusted)
+        return call_case(self.ex, self.fn, case, checks, remaining, own_files=self.own_files, trusted=self.trusted,
+                         profile=self.profile)
 
     def close(self) -> None:
         pass
