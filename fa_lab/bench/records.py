@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -162,6 +163,11 @@ def label(meta) -> str:
         return NO_DATA
     return (f"{meta.get('device')} · torch {meta.get('torch')} · triton {meta.get('triton')} · "
             f"{str(meta.get('date'))[:10]}")
+
+
+def command(meta) -> str:
+    """The command that made a recording, without the recording machine's output folder (``--out DIR``)."""
+    return re.sub(r"\s--out(-dir)?\s+\S+", "", str((meta or {}).get("command") or ""))
 
 
 # ----------------------------------------------------------------------------- the benchmark suite's recordings
