@@ -21,11 +21,10 @@ expected outputs, comparing, diagnoses), ``feedback`` (what a wrong tensor teach
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 from fa_lab.exercises.guard import safe_text
-from fa_lab.exercises.isolate import Isolated
+from fa_lab.exercises.isolate import Isolated, resolve
 from fa_lab.exercises.program import defines, extract
 from fa_lab.exercises.registry import (
     CHAPTER_MODULES,
@@ -77,9 +76,7 @@ def _importable(fn):
     if not (isinstance(module, str) and isinstance(qualname, str)) or module == "__main__" or "<" in qualname:
         return None
     try:
-        obj = importlib.import_module(module)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj = resolve(module, qualname)
     except Exception:  # noqa: BLE001
         return None
     return (module, qualname) if obj is fn else None

@@ -138,6 +138,14 @@ def _read_report(data: bytes) -> CallReport:
 
 # --------------------------------------------------------------------------- the child
 
+def resolve(module: str, qualname: str):
+    """The object ``module.qualname`` names (imports ``module``; raises what the import or lookup raises)."""
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _is_exercise_answer(fn) -> bool:
     return any(fn is ex.solution or fn is ex.model_answer for ex in load().values())
 
@@ -152,10 +160,7 @@ def _child(conn, spec: dict) -> None:
         ex = get(spec["exercise"])
         own_files = []
         if spec.get("ref"):
-            module, qualname = spec["ref"]
-            fn = importlib.import_module(module)
-            for part in qualname.split("."):
-                fn = getattr(fn, part)
+            fn = resolve(*spec["ref"])
         else:
             namespace, filename = learner_program.load(spec["program"])
             own_files = [filename]
