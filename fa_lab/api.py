@@ -12,14 +12,21 @@ from fa_lab.core import registry
 
 
 def attention(q, k, v, *, impl: str = "reference", causal: bool = False, window=(-1, -1),
-              scale=None, return_lse: bool = False):
+              scale=None, return_lse: bool = False, softcap: float = 0.0, alibi_slopes=None):
     """Scaled dot-product attention with the conventions of DESIGN.md.
 
     q ``(B, H, Nq, D)``; k, v ``(B, Hkv, Nk, D)`` with ``H % Hkv == 0``.
     Returns o ``(B, H, Nq, D)`` in q's dtype, and with ``return_lse=True`` also the
     natural-log log-sum-exp of the scaled, masked scores, ``(B, H, Nq)`` float32.
+    ``softcap`` and ``alibi_slopes`` modify the scores (Part II; implementations that apply them
+    list them in their ``score_mods``).
     """
-    implementation, spec = registry.checked_spec(impl, q, k, v, causal=causal, window=window, scale=scale)
+    mods = {}
+    if softcap:
+        mods["softcap"] = softcap
+    if alibi_slopes is not None:
+        mods["alibi_slopes"] = alibi_slopes
+    implementation, spec = registry.checked_spec(impl, q, k, v, causal=causal, window=window, scale=scale, **mods)
     o, lse = implementation.fn(q, k, v, spec)
     if o.dtype != q.dtype:  # checked first: at small sizes every host microsecond shows
         o = o.to(q.dtype)

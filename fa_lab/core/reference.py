@@ -24,8 +24,30 @@ def reference_attention(q, k, v, spec: AttentionSpec):
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     k, v = expand_kv(k, spec.group), expand_kv(v, spec.group)
     s = torch.matmul(q, k.transpose(-1, -2)) * spec.scale
+    s = modified_scores(s, spec)
     ok = visible(spec.n_q, spec.n_k, spec.left, spec.right, device=s.device)
     return attention_from_scores(s.masked_fill(~ok, float("-inf")), v)
+
+
+def alibi_bias(n_q: int, n_k: int, slopes: torch.Tensor) -> torch.Tensor:
+    """ALiBi's bias ``-slope·|i + Nk - Nq - j|`` (bottom-right aligned), shape ``(B, H, Nq, Nk)``.
+
+    ``slopes`` is ``(B, H)``.  The distance is measured from the query's own position, so it
+    is 0 on the diagonal and grows in both directions (a causal mask hides the keys after it).
+    """
+    i = torch.arange(n_q, device=slopes.device, dtype=torch.float64).unsqueeze(1)
+    j = torch.arange(n_k, device=slopes.device, dtype=torch.float64).unsqueeze(0)
+    distance = (i + (n_k - n_q) - j).abs()
+    return -slopes.to(torch.float64)[:, :, None, None] * distance
+
+
+def modified_scores(s: torch.Tensor, spec: AttentionSpec) -> torch.Tensor:
+    """The scaled scores after the score modifications of ``spec``: the soft cap, then ALiBi."""
+    if spec.softcap > 0:
+        s = spec.softcap * torch.tanh(s / spec.softcap)
+    if spec.alibi_slopes is not None:
+        s = s + alibi_bias(spec.n_q, spec.n_k, spec.alibi_slopes)
+    return s
 
 
 def attention_from_scores(s, v):
@@ -51,6 +73,6 @@ register(
     "reference", chapter=1,
     description="float64 PyTorch, materialises S and P: the judge every other implementation is checked against",
     dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
-    backward=True, any_device=True,
+    backward=True, any_device=True, score_mods=("softcap", "alibi"),
     extra_memory=lambda s: 8 * s.batch * s.heads * s.n_q * s.n_k * 3,  # S, exp(S), P in float64
 )(reference_attention)

@@ -59,6 +59,8 @@ class Implementation:
     #: the chapter's final implementation this one is an intermediate step towards (None: not a step)
     step_of: str | None = None
     tags: tuple = field(default_factory=tuple)
+    #: score modifications it applies (Part II): "softcap", "alibi"; anything else is refused
+    score_mods: tuple = ()
 
     @property
     def dtype_names(self) -> list[str]:
@@ -75,6 +77,10 @@ class Implementation:
         lo, hi = self.head_dims
         if not lo <= spec.head_dim <= hi:
             return f"implementation {self.name!r} supports head dims {lo}..{hi}, got {spec.head_dim}"
+        missing = [m for m in spec.score_mods if m not in self.score_mods]
+        if missing:
+            return (f"implementation {self.name!r} does not apply {' or '.join(missing)} "
+                    f"(supported score modifications: {', '.join(self.score_mods) or 'none'})")
         if spec.group > 1 and not self.gqa:
             return (f"implementation {self.name!r} does not support grouped-query attention "
                     f"(H={spec.heads}, Hkv={spec.kv_heads})")

@@ -37,6 +37,10 @@ class AttentionSpec:
     right: int
     dtype: torch.dtype
     device: torch.device
+    #: score modifications (Part II): ``softcap > 0`` caps scores at ``softcap·tanh(s·scale/softcap)``;
+    #: ``alibi_slopes`` (float32, ``(H,)`` or ``(B, H)``) adds ``-slope·|i + Nk - Nq - j|`` after the cap
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
 
     @property
     def group(self) -> int:
@@ -46,6 +50,11 @@ class AttentionSpec:
     @property
     def mask(self) -> str:
         return mask_kind(self.causal, self.window)
+
+    @property
+    def score_mods(self) -> tuple[str, ...]:
+        """The score modifications this call asks for: a subset of ``("softcap", "alibi")``."""
+        return (("softcap",) if self.softcap > 0 else ()) + (("alibi",) if self.alibi_slopes is not None else ())
 
 
 def _check_tensor(name: str, t) -> None:
@@ -88,8 +97,35 @@ def _check_scale(scale) -> float:
     return scale
 
 
-def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> AttentionSpec:
-    """Validate ``q, k, v`` and the mask, and describe the problem."""
+def _check_softcap(softcap) -> float:
+    if not isinstance(softcap, numbers.Real) or isinstance(softcap, (bool, np.bool_)):
+        raise TypeError(f"softcap must be a real number (0 for none), got {type(softcap).__name__} {softcap!r}")
+    softcap = float(softcap)
+    if not (math.isfinite(softcap) and 0.0 <= softcap <= FLOAT32_MAX):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 turns it off), got {softcap}")
+    return softcap
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device) -> torch.Tensor | None:
+    """``alibi_slopes`` as a float32 ``(B, H)`` tensor (None stays None), or a clear error."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a torch.Tensor of shape (nheads,) or (batch, nheads), "
+                        f"got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), "
+                         f"got {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes must be on the device of q ({device}), got {alibi_slopes.device}")
+    return alibi_slopes.expand(batch, heads)
+
+
+def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None, softcap=0.0,
+              alibi_slopes=None) -> AttentionSpec:
+    """Validate ``q, k, v``, the mask and the score modifications, and describe the problem."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t)
     # shapes and devices read once: this runs on every call, and small calls are host-bound
@@ -119,5 +155,7 @@ def make_spec(q, k, v, *, causal: bool = False, window=(-1, -1), scale=None) -> 
     left, right = _check_window(window)
     scale = 1.0 / math.sqrt(D) if scale is None else _check_scale(scale)
     eff_left, eff_right = effective_window(causal, (left, right))
+    softcap = _check_softcap(softcap) if softcap else 0.0
+    alibi_slopes = check_alibi_slopes(alibi_slopes, B, H, device)
     return AttentionSpec(B, H, Hkv, Nq, Nk, D, Dv, scale, causal, (left, right),
-                         eff_left, eff_right, q.dtype, device)
+                         eff_left, eff_right, q.dtype, device, softcap, alibi_slopes)
