@@ -64,3 +64,23 @@ def test_wrong_device_for_the_world_is_refused():
     else:
         spec = fa_lab.make_spec(*qkv())
         assert "expects cuda" in (fa_lab.get_implementation(name).unsupported(spec, "gpu") or "")
+
+
+def test_a_checked_spec_is_reused_but_never_lets_bad_input_through():
+    """The spec cache of the host path: a repeated call reuses the spec; anything that differs is checked."""
+    from fa_lab.core import registry
+
+    q, k, v = random_qkv(1, 2, 8, 8, 16, seed=5)
+    impl = registry.get("naive_torch")
+    first = registry.check(impl, q, k, v, causal=False)
+    assert registry.check(impl, q.clone(), k.clone(), v.clone(), causal=False) is first
+    with pytest.raises(TypeError, match="causal"):
+        registry.check(impl, q, k, v, causal=1)           # 1 == True, but not a bool
+    with pytest.raises(TypeError, match="share one dtype"):
+        registry.check(impl, q, k.double(), v, causal=False)
+    with pytest.raises(ValueError, match="window"):
+        registry.check(impl, q, k, v, window=(-2, 0))
+    no_backward = registry.get("naive_numpy")
+    registry.check(no_backward, q, k, v, causal=False)
+    with pytest.raises(ValueError, match="no backward"):
+        registry.check(no_backward, q.requires_grad_(), k, v, causal=False)

@@ -136,8 +136,55 @@ def checked_spec(impl: str, q, k, v, **mask) -> tuple[Implementation, AttentionS
     return implementation, check(implementation, q, k, v, **mask)
 
 
+#: specs that passed the checks, by everything the checks read (see ``_spec_key``): at small sizes the
+#: host path is most of a call's time, and a training loop asks the same question every step
+_CHECKED: dict = {}
+_CHECKED_MAX = 1024
+_PLAIN = (bool, int, float, type(None))
+
+
+def _spec_key(implementation: Implementation, q, k, v, mask: dict):
+    """What decides ``check``'s answer, hashable; None where a value is not plain (then nothing is cached).
+
+    Values carry their type: ``causal=1`` must still be refused although ``1 == True``.
+    """
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return None
+    items = []
+    for name, value in mask.items():
+        if isinstance(value, (tuple, list)):
+            if not all(type(x) in _PLAIN for x in value):
+                return None
+            value = (type(value), tuple((type(x), x) for x in value))
+        elif type(value) in _PLAIN:
+            value = (type(value), value)
+        else:   # a tensor (ALiBi slopes): checked every call
+            return None
+        items.append((name, value))
+    return (implementation.name, id(implementation), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, tuple(items))
+
+
 def check(implementation: Implementation, q, k, v, **mask) -> AttentionSpec:
     """``checked_spec`` for an implementation already in hand (a registered one, or a benchmark peer)."""
+    key = _spec_key(implementation, q, k, v, mask)
+    spec = _CHECKED.get(key) if key is not None else None
+    if spec is None:
+        spec = _checked_spec(implementation, q, k, v, mask)
+        if key is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[key] = spec
+    if not (implementation.backward or implementation.autograd) and torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad):
+        with_backward = ", ".join(n for n, i in implementations().items() if i.backward)
+        raise ValueError(f"implementation {implementation.name!r} has no backward pass, but q, k or v requires "
+                         f"grad: its output would carry no gradient. Use one with a backward ({with_backward}), "
+                         "or call it under torch.no_grad() or on detached tensors.")
+    return spec
+
+
+def _checked_spec(implementation: Implementation, q, k, v, mask: dict) -> AttentionSpec:
     spec = make_spec(q, k, v, **mask)
     if spec.device.type == "meta":   # a spec may describe shapes alone (the models do); a run needs data
         raise ValueError("q, k, v are meta tensors (shapes without data): attention needs real tensors; "
@@ -145,12 +192,6 @@ def check(implementation: Implementation, q, k, v, **mask) -> AttentionSpec:
     why = implementation.unsupported(spec, WORLD)
     if why:
         raise ValueError(why)
-    if not (implementation.backward or implementation.autograd) and torch.is_grad_enabled() and (
-            q.requires_grad or k.requires_grad or v.requires_grad):
-        with_backward = ", ".join(n for n, i in implementations().items() if i.backward)
-        raise ValueError(f"implementation {implementation.name!r} has no backward pass, but q, k or v requires "
-                         f"grad: its output would carry no gradient. Use one with a backward ({with_backward}), "
-                         "or call it under torch.no_grad() or on detached tensors.")
     return spec
 
 
