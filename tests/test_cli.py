@@ -252,25 +252,34 @@ def test_fa_lab_runs_without_triton():
 import fa_lab
 from fa_lab import HAS_TRITON, TRITON_MISSING
 from fa_lab.core.testing import random_qkv
-names = list(fa_lab.implementations())
+names = [(n, i.chapter) for n, i in fa_lab.implementations().items()]
 q, k, v = random_qkv(1, 2, 16, 16, 16, seed=3)
+part_two = {}
+for n in ("triton_varlen", "triton_decode"):   # Part II's Triton kernels: listed, and they say why not
+    try:
+        fa_lab.attention(q, k, v, impl=n)
+        part_two[n] = None
+    except ValueError as exc:
+        part_two[n] = str(exc)
 o = fa_lab.attention(q, k, v, impl="torch_tiled")
 try:
     fa_lab.attention(q, k, v, impl="flash_triton")
     refused = None
 except ValueError as exc:
     refused = str(exc)
-print(repr((HAS_TRITON, TRITON_MISSING, names, tuple(o.shape), refused, "triton" in sys.modules)))
+print(repr((HAS_TRITON, TRITON_MISSING, names, tuple(o.shape), refused, part_two, "triton" in sys.modules)))
 from fa_lab.cli import main
 sys.exit(main(["info"]))
 """
     done = _python(code, FA_LAB_WORLD="cpu", COLUMNS="100")
     assert done.returncode == 0, done.stderr[-3000:]
-    has, missing, names, shape, refused, imported = eval(done.stdout.splitlines()[0])
+    has, missing, named, shape, refused, part_two, imported = eval(done.stdout.splitlines()[0])
+    names = [n for n, _ in named]
     assert has is False and imported is False and shape == (1, 2, 16, 16)
     for where in ("Linux", "WSL2", "Colab"):
         assert where in missing
-    assert not [n for n in names if n.startswith("triton")]   # chapter 4's kernels are not registered
+    assert not [n for n, ch in named if n.startswith("triton") and ch == 4]   # chapter 4's kernels: not registered
+    assert all(why is not None and missing in why for why in part_two.values()), part_two
     assert {"reference", "naive_torch", "numba_tiled", "torch_tiled"} <= set(names)
     assert refused is not None and missing in refused          # chapter 5's Triton engine says why
     assert "torch_tiled  (chapter 5)" in done.stdout            # `fa-lab info` still lists the rest

@@ -27,6 +27,8 @@ IMPLEMENTATION_MODULES = [
     "fa_lab.kernels.triton.fwd",     # chapter 4: `triton`
     "fa_lab.kernels.triton.steps",   # chapter 4: its steps, triton_minimal ... triton_autotuned
     "fa_lab.autograd",               # chapter 5: `torch_tiled`, `flash_triton`, `torch_compile_bwd`
+    "fa_lab.kernels.varlen.registered",  # chapter 8: `triton_varlen`, packed variable-length sequences
+    "fa_lab.kernels.decode.adapter",     # chapter 9: `triton_decode`, split-KV decoding over a KV cache
 ]
 
 ALL_MASKS = ("none", "causal", "window")

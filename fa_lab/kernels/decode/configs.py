@@ -1,0 +1,130 @@
+"""Launch configurations of the decoding kernels, and how many splits a call gets: every knob in one place.
+
+One-query decoding reads the whole KV cache once and does little arithmetic with it, so it
+is bound by memory bandwidth.  What the knobs trade:
+
+* ``BLOCK_N`` keys per tile: a K and a V tile of ``BLOCK_N × BLOCK_D`` per loop step.  Wide
+  enough to keep many bytes in flight, small enough that ``num_stages`` of them (Triton's
+  software pipeline) fit in shared memory with a second program on the SM.  The table keeps a
+  K plus V stage at most 32 KiB for 16-bit caches; fp32 caches take half the keys (same bytes).
+* ``MAX_BLOCK_M`` query rows per tile: the rows of one K/V head's query heads times the
+  queries (GQA packing).  The accumulator is ``BLOCK_M × BLOCK_D`` fp32 in registers.
+* the number of splits (flash-decoding): with few (batch, K/V head) pairs the grid would not
+  fill the GPU, so the key range is cut into splits, each a program of its own, merged after.
+
+The CPU world (Triton's interpreter) runs one NumPy operation per tile operation: tiny tiles.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from fa_lab.core.world import ON_GPU
+
+#: BLOCK_D -> (BLOCK_N for 16-bit caches, num_warps, num_stages).  At D = 128 a sweep on an H100 (BLOCK_N 64/128,
+#: 4/8 warps, 2-4 stages, 1-4 splits; fp16, (B, Hkv, Nk) = (8, 8, 8192) and (64, 8, 2048)) put 128 keys, 4 warps
+#: and 3 stages first on both shapes, at the HBM copy bandwidth; the other head dims keep the same bytes per
+#: stage.  ``decode_forward(..., config=...)`` overrides them for a tuning run.
+GPU_TABLE = {
+    16: (128, 4, 3),
+    32: (128, 4, 3),
+    64: (128, 4, 3),
+    128: (128, 4, 3),
+    256: (64, 4, 3),
+}
+#: BLOCK_D -> the most query rows in one tile (the fp32 accumulator lives in registers)
+GPU_MAX_BLOCK_M = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}
+#: the interpreter's configuration: one NumPy call per tile operation, so small tiles
+CPU_CONFIG = dict(BLOCK_N=16, MAX_BLOCK_M=16, num_warps=1, num_stages=1)
+#: warps of the combine kernel (one program per output row)
+COMBINE_WARPS = 4 if ON_GPU else 1
+
+#: the split heuristic aims at this many programs per SM (a second one hides the first one's latency)
+PROGRAMS_PER_SM = 2
+#: programs per SM from which one split is enough: on the H100 64 programs over 132 SMs, each with three
+#: stages of 128-key tiles in flight, already read at the HBM copy bandwidth, and splitting them 2 or 4
+#: ways was slower (the partial outputs and the merge cost more than they gain)
+SATURATING_PROGRAMS_PER_SM = 0.45
+#: flash-attn's ceiling on splits: beyond it the merge costs more than the parallelism gains
+MAX_SPLITS = 128
+#: the "SM count" of the CPU world: small, so that the interpreter runs few programs
+CPU_SM_COUNT = 2
+#: the smallest tile tl.dot takes in each dimension
+MIN_TILE = 16
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def head_dim_block(head_dim: int) -> int:
+    """BLOCK_D: the head dim padded to a power of two, at least 16 (tl.dot's smallest tile); masked."""
+    return max(MIN_TILE, next_power_of_2(head_dim))
+
+
+def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None) -> dict:
+    """The split-KV kernel's launch configuration for a head dim and the element size it computes in.
+
+    A dict with ``BLOCK_N``, ``MAX_BLOCK_M``, ``num_warps`` and ``num_stages``; ``overrides``
+    replaces some of them (a tuning run), checked here.
+    """
+    if not ON_GPU:
+        cfg = dict(CPU_CONFIG)
+    else:
+        block_d = head_dim_block(head_dim)
+        block_n, warps, stages = GPU_TABLE[block_d]
+        if itemsize > 2:   # fp32: the same bytes per tile
+            block_n = max(MIN_TILE, block_n * 2 // itemsize)
+        cfg = dict(BLOCK_N=block_n, MAX_BLOCK_M=GPU_MAX_BLOCK_M[block_d], num_warps=warps, num_stages=stages)
+    for key, value in (overrides or {}).items():
+        if key not in cfg:
+            raise ValueError(f"config keys are {sorted(cfg)}, got {key!r}")
+        tile = key in ("BLOCK_N", "MAX_BLOCK_M")
+        if not isinstance(value, int) or value < (MIN_TILE if tile else 1) or (
+                key != "num_stages" and value & (value - 1)):
+            raise ValueError(f"config {key} must be a power of two{' >= 16' if tile else ''}, got {value!r}"
+                             if key != "num_stages" else f"config num_stages must be an int >= 1, got {value!r}")
+        cfg[key] = value
+    return cfg
+
+
+def query_block(rows: int, max_block_m: int) -> int:
+    """BLOCK_M for ``rows`` packed query rows (group · Nq): all of them if they fit, padded to >= 16."""
+    return max(MIN_TILE, min(next_power_of_2(rows), max_block_m))
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (``CPU_SM_COUNT`` for anything but a CUDA device)."""
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def wave_efficiency(programs: int, slots: int) -> float:
+    """The busy share of ``slots`` resident programs over the waves that ``programs`` equal programs take."""
+    waves = programs / slots
+    return waves / math.ceil(waves)
+
+
+def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int) -> int:
+    """How many splits of the key range: enough programs to fill ``sms`` SMs, no more splits than key tiles.
+
+    ``programs`` is the grid without splits (batch · K/V heads · query tiles), ``max_keys`` an
+    upper bound on the keys one query tile sees (known on the host without reading the lengths).
+    ``PROGRAMS_PER_SM · sms`` programs run at once; equal programs then run in waves, and a last
+    wave that is mostly empty leaves SMs idle (320 programs on 264 slots take two waves: 61%
+    busy; 256 take one: 97%).  The smallest split count whose waves are within 85% of the best
+    is chosen, as flash-attn does.
+    """
+    tiles = -(-max_keys // block_n)
+    slots = PROGRAMS_PER_SM * sms
+    if tiles <= 1 or programs >= SATURATING_PROGRAMS_PER_SM * sms:
+        return 1
+    candidates = range(1, min(tiles, MAX_SPLITS) + 1)
+    efficiency = {s: wave_efficiency(programs * s, slots) for s in candidates}
+    best = max(efficiency.values())
+    return next(s for s in candidates if efficiency[s] >= 0.85 * best)

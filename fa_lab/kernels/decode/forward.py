@@ -1,0 +1,108 @@
+"""``decode_forward``: attention of a few new queries over a KV cache, split-KV (flash-decoding).
+
+The layout is flash-attn 2.x's ``flash_attn_with_kvcache``: q ``(B, Nq, H, D)``, the cache
+contiguous ``(B_cache, Nk_max, Hkv, D)`` or paged ``(num_blocks, page_size, Hkv, D)`` with a
+block table.  The first kernel (``kernel.py``) runs one program per (sequence, K/V head,
+split, query tile); with more than one split the second (``combine.py``) merges them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.decode.checks import check_decode, check_out
+from fa_lab.kernels.decode.combine import combine_splits
+from fa_lab.kernels.decode.configs import decode_config, head_dim_block, num_splits_heuristic, query_block, sm_count
+from fa_lab.kernels.decode.kernel import LOG2E, decode_split_kv, layout_of
+
+#: the largest grid size along CUDA's second and third axes (splits, query tiles)
+GRID_LIMIT = 65535
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel computes in: bfloat16 is fp32 in the CPU world (the interpreter has no bf16 math)."""
+    return torch.float32 if (not ON_GPU and dtype == torch.bfloat16) else dtype
+
+
+def decode_forward(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, cache_batch_idx=None, scale,
+                   left=-1, right=-1, softcap=0.0, alibi_slopes=None, num_splits=0, out=None, config=None):
+    """Attention of ``q (B, Nq, H, D)`` over the first ``cache_seqlens[b]`` keys of each sequence's cache.
+
+    Returns ``(o, lse)``: o ``(B, Nq, H, D)`` in q's dtype (written into ``out`` if given), lse
+    ``(B, H, Nq)`` float32 (natural log).  Query ``i`` sees key ``j`` when
+    ``i + L - Nq - left <= j <= i + L - Nq + right`` (``-1``: unbounded; causal is ``right=0``).
+
+    ``cache_seqlens`` (B,) int32: the valid keys ``L`` of each sequence (None: all of the cache).
+    ``block_table`` (B, max_blocks) int32 makes the cache paged: key j of sequence b is row
+    ``j % page_size`` of block ``block_table[b, j // page_size]``.  ``cache_batch_idx`` (B,)
+    int32: the row of a contiguous cache each sequence uses.  ``scale`` (None: 1/sqrt(D)),
+    ``softcap`` (> 0: scores ``softcap·tanh(s/softcap)``), ``alibi_slopes`` float32 (H,) or
+    (B, H).  ``num_splits``: 0 picks by heuristic, 1 no split, n that many.  ``config``
+    overrides the launch configuration (``configs.decode_config``'s keys).
+    """
+    p = check_decode(q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table,
+                     cache_batch_idx=cache_batch_idx, scale=scale, left=left, right=right, softcap=softcap,
+                     alibi_slopes=alibi_slopes, num_splits=num_splits)
+    if out is not None:
+        check_out(out, q)
+    B, Nq, H, D = q.shape
+    device = q.device
+    o = out if out is not None else torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=device)
+    if p.capacity == 0:   # a cache with no room for a key: every row sees nothing
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse
+
+    work = work_dtype(q.dtype)
+    if work != q.dtype:
+        q, k_cache, v_cache = (t.to(work) for t in (q, k_cache, v_cache))
+    o_work = o if work == o.dtype else torch.empty(o.shape, dtype=work, device=device)
+    cfg = decode_config(D, work.itemsize, config)
+    block_n = cfg["BLOCK_N"]
+    rows = p.group * Nq
+    block_m = query_block(rows, cfg["MAX_BLOCK_M"])
+    m_tiles = math.ceil(rows / block_m)
+    splits = p.num_splits or num_splits_heuristic(B * p.kv_heads * m_tiles, p.max_keys, block_n, sm_count(device))
+
+    if max(splits, m_tiles) > GRID_LIMIT:
+        raise ValueError(f"{splits} splits and {m_tiles} query tiles of {block_m} rows: a CUDA grid holds at most "
+                         f"{GRID_LIMIT} of each (fewer splits, or fewer queries per call)")
+
+    if splits > 1:
+        o_part = torch.empty((B, Nq, H, splits, D), dtype=torch.float32, device=device)
+        lse_part = torch.empty((B, Nq, H, splits), dtype=torch.float32, device=device)
+    else:
+        o_part = lse_part = lse   # not read or written: SPLIT is off
+    slopes = p.alibi_slopes
+    if p.softcap > 0:
+        qk_scale, softcap_scale, softcap_log2 = 0.0, p.scale / p.softcap, p.softcap * LOG2E
+    else:
+        qk_scale, softcap_scale, softcap_log2 = p.scale * LOG2E, 0.0, 0.0
+    unused = lse   # the pointer passed where a tensor is absent (its constexpr switch is off)
+    grid = (B * p.kv_heads, splits, m_tiles)
+    decode_split_kv[grid](
+        q, k_cache, v_cache, o_work, lse, o_part, lse_part,
+        unused if cache_seqlens is None else cache_seqlens,
+        unused if block_table is None else block_table,
+        unused if cache_batch_idx is None else cache_batch_idx,
+        unused if slopes is None else slopes,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *o_work.stride(), *lse.stride(),
+        block_table.stride(0) if block_table is not None else 0,
+        *(slopes.stride() if slopes is not None else (0, 0)),
+        Nq, p.capacity, H, p.kv_heads, p.left, p.right, qk_scale, softcap_scale, softcap_log2,
+        HEAD_DIM=D, BLOCK_D=head_dim_block(D), BLOCK_M=block_m, BLOCK_N=block_n,
+        LAYOUT=layout_of(p.page_size, block_n), PAGE_SIZE=max(p.page_size, 1),
+        HAS_SEQLENS=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
+        HAS_LEFT=p.left >= 0, HAS_RIGHT=p.right >= 0, HAS_SOFTCAP=p.softcap > 0, HAS_ALIBI=slopes is not None,
+        SPLIT=splits > 1, PRECISION="ieee" if work == torch.float32 else None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if splits > 1:
+        # the partials' rows are (b, i, h); lse is (B, H, Nq): written through its transposed view
+        combine_splits(o_part, lse_part, o=o_work, lse=lse.transpose(1, 2))
+    if o_work is not o:
+        o.copy_(o_work)
+    return o, lse

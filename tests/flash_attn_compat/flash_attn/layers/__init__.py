@@ -1,0 +1,1 @@
+"""``flash_attn.layers`` for flash-attn's own tests."""

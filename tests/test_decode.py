@@ -1,0 +1,378 @@
+"""Decoding over a KV cache (``fa_lab.kernels.decode``) against the float64 reference.
+
+Each sequence ``b`` attends over its first ``L_b`` keys; the judge runs
+``reference_attention`` on exactly those keys (a sequence with ``L_b = 0`` gives zeros and
+``lse = -inf``).  Every slot of the cache that holds no valid key is NaN, so a kernel that
+reads past a sequence's length, into another sequence's rows or into an unused block is
+caught.  Sizes are tiny: in the CPU world the kernels run in Triton's interpreter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import fa_lab
+from fa_lab.core.reference import reference_attention
+from fa_lab.core.spec import make_spec
+from fa_lab.core.testing import assert_close, random_qkv, stable_seed
+
+pytestmark = pytest.mark.skipif(not fa_lab.HAS_TRITON, reason="Triton is not installed")
+
+from fa_lab.kernels.decode import append_kv, combine_splits, decode_forward, num_splits_heuristic  # noqa: E402
+
+DEVICE = fa_lab.DEVICE
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Case:
+    lengths: tuple            # L_b per sequence
+    n_q: int = 1
+    heads: int = 4
+    kv_heads: int = 1
+    head_dim: int = 16
+    dtype: torch.dtype = torch.float16
+    page_size: int = 0        # 0: contiguous cache
+    batch_idx: bool = False   # contiguous cache rows picked by cache_batch_idx
+    splits: int = 0
+    left: int = -1
+    right: int = -1
+    softcap: float = 0.0
+    alibi: bool = False
+    scale: float | None = None
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    keys: torch.Tensor        # (B, cap, Hkv, D): the logical sequences, what the judge reads
+    values: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    seqlens: torch.Tensor
+    block_table: torch.Tensor | None
+    batch_idx: torch.Tensor | None
+    slopes: torch.Tensor | None
+
+
+def slots(case: Case, capacity: int, gen: torch.Generator, reserve: int = 0):
+    """Where key j of sequence b lives: ``(cache_shape, {(b, j): (row or block, row in it)}, table, batch_idx)``.
+
+    A paged cache's table maps the pages of the first ``L_b + reserve`` keys; later entries are -1.
+    """
+    B = case.batch
+    if case.page_size == 0:
+        rows = torch.randperm(B + 2, generator=gen)[:B] if case.batch_idx else torch.arange(B)
+        where = {(b, j): (int(rows[b]), j) for b in range(B) for j in range(capacity)}
+        return (B + 2 if case.batch_idx else B, capacity), where, None, rows.to(torch.int32) if case.batch_idx else None
+    per_seq = -(-capacity // case.page_size)
+    blocks = torch.randperm(B * per_seq + 3, generator=gen)[:B * per_seq].view(B, per_seq)
+    table = blocks.clone()
+    where = {}
+    for b in range(B):
+        for j in range(capacity):
+            where[b, j] = (int(blocks[b, j // case.page_size]), j % case.page_size)
+        used = -(-(case.lengths[b] + reserve) // case.page_size)
+        table[b, used:] = -1    # pages past the length: never to be read
+    return (B * per_seq + 3, case.page_size), where, table.to(torch.int32), None
+
+
+def make_inputs(case: Case, seed: int, reserve: int = 0) -> Inputs:
+    gen = torch.Generator().manual_seed(seed)
+    B, H, Hkv, D = case.batch, case.heads, case.kv_heads, case.head_dim
+    capacity = max(case.lengths) + 3
+    q = torch.randn(B, case.n_q, H, D, generator=gen)
+    keys, values = (torch.randn(B, capacity, Hkv, D, generator=gen) for _ in range(2))
+    shape, where, table, batch_idx = slots(case, capacity, gen, reserve)
+    k_cache = torch.full((*shape, Hkv, D), NAN)
+    v_cache = torch.full((*shape, Hkv, D), NAN)
+    for b, L in enumerate(case.lengths):
+        for j in range(L):
+            k_cache[where[b, j]] = keys[b, j]
+            v_cache[where[b, j]] = values[b, j]
+    slopes = torch.rand(B, H, generator=gen) * 0.5 if case.alibi else None
+    dev = dict(device=DEVICE)
+    return Inputs(q.to(case.dtype).to(**dev), keys.to(case.dtype), values.to(case.dtype),
+                  k_cache.to(case.dtype).to(**dev), v_cache.to(case.dtype).to(**dev),
+                  torch.tensor(case.lengths, dtype=torch.int32, **dev),
+                  None if table is None else table.to(**dev), None if batch_idx is None else batch_idx.to(**dev),
+                  None if slopes is None else slopes.to(**dev))
+
+
+def judge(case: Case, x: Inputs, lengths=None):
+    """Float64 reference, one sequence at a time on its valid keys: o (B, Nq, H, D), lse (B, H, Nq)."""
+    B, Nq, H, D = x.q.shape
+    o = torch.zeros(B, Nq, H, D, dtype=torch.float64)
+    lse = torch.full((B, H, Nq), float("-inf"), dtype=torch.float64)
+    for b, L in enumerate(case.lengths if lengths is None else lengths):
+        if L == 0:
+            continue
+        q_b = x.q[b:b + 1].cpu().transpose(1, 2)
+        k_b, v_b = (t[b:b + 1, :L].transpose(1, 2) for t in (x.keys, x.values))
+        slopes = None if x.slopes is None else x.slopes[b:b + 1].cpu()
+        spec = make_spec(q_b, k_b, v_b, window=(case.left, case.right), scale=case.scale, softcap=case.softcap,
+                         alibi_slopes=slopes)
+        ref_o, ref_lse = reference_attention(q_b, k_b, v_b, spec)
+        o[b], lse[b] = ref_o[0].transpose(0, 1), ref_lse[0]
+    return o, lse
+
+
+def run(case: Case, x: Inputs, **overrides):
+    kwargs = dict(cache_seqlens=x.seqlens, block_table=x.block_table, cache_batch_idx=x.batch_idx,
+                  scale=case.scale, left=case.left, right=case.right, softcap=case.softcap,
+                  alibi_slopes=x.slopes, num_splits=case.splits)
+    return decode_forward(x.q, x.k_cache, x.v_cache, **{**kwargs, **overrides})
+
+
+def check(case: Case, x: Inputs, o, lse, what: str, lengths=None):
+    B, Nq, H, D = x.q.shape
+    assert o.shape == (B, Nq, H, D) and o.dtype == case.dtype, (o.shape, o.dtype)
+    assert lse.shape == (B, H, Nq) and lse.dtype == torch.float32, (lse.shape, lse.dtype)
+    ref_o, ref_lse = judge(case, x, lengths)
+    assert_close(o, ref_o, case.dtype, what=f"{what} O")
+    assert_close(lse, ref_lse, case.dtype, what=f"{what} lse")
+
+
+CASES = {
+    # contiguous caches
+    "one-query-gqa4-d128": Case((37, 0, 16, 5), heads=8, kv_heads=2, head_dim=128),
+    "nq3-causal-d59-batch-idx": Case((1, 40, 2), n_q=3, heads=2, kv_heads=2, head_dim=59, dtype=torch.float32,
+                                     batch_idx=True, splits=3, right=0),
+    "nq3-gqa4-window-softcap-d111": Case((30, 3), n_q=3, heads=4, kv_heads=1, head_dim=111, dtype=torch.bfloat16,
+                                         splits=8, left=5, right=0, softcap=3.0),
+    "alibi-d1": Case((20, 9), heads=4, kv_heads=1, head_dim=1, dtype=torch.float32, splits=2, alibi=True),
+    "two-sided-window-d200": Case((25, 6), n_q=3, heads=4, kv_heads=2, head_dim=200, splits=1, left=2, right=3,
+                                  softcap=5.0, alibi=True, scale=0.2),
+    "d256-bf16": Case((33, 0), heads=1, kv_heads=1, head_dim=256, dtype=torch.bfloat16, splits=5),
+    "query-tiles-nq5-gqa4": Case((26, 4), n_q=5, heads=8, kv_heads=2, head_dim=32, splits=2, left=3, right=1),
+    "negative-scale-fp32": Case((18,), n_q=3, heads=2, kv_heads=1, dtype=torch.float32, splits=3, scale=-0.7),
+    # paged caches: whole tiles from one page (page_size a multiple of BLOCK_N) or a gather per key
+    "page1-causal": Case((7, 0, 12), n_q=3, heads=8, kv_heads=2, page_size=1, splits=2, right=0),
+    "page16-one-query": Case((40, 16, 1), heads=4, kv_heads=1, head_dim=64, dtype=torch.bfloat16, page_size=16),
+    "page256-window-softcap-alibi": Case((20, 3), n_q=3, heads=4, kv_heads=2, head_dim=32, dtype=torch.float32,
+                                         page_size=256, splits=4, left=4, right=1, softcap=2.0, alibi=True),
+    "page12-gather-causal-alibi": Case((30, 13, 0), n_q=3, heads=4, kv_heads=1, head_dim=48, page_size=12,
+                                       splits=3, right=0, alibi=True),
+    "page8-gather-d1": Case((17, 9), heads=2, kv_heads=1, head_dim=1, dtype=torch.float32, page_size=8, splits=0),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference(name):
+    case = CASES[name]
+    seed = stable_seed("decode", name)
+    x = make_inputs(case, seed)
+    o, lse = run(case, x)
+    check(case, x, o, lse, f"{name} (seed={seed})")
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 5])
+def test_every_split_count_gives_the_same_answer(page_size):
+    case = Case((45, 2, 0), n_q=3, heads=4, kv_heads=2, head_dim=32, dtype=torch.float32, page_size=page_size,
+                left=20, right=0)
+    x = make_inputs(case, stable_seed("splits", page_size))
+    for splits in range(0, 9):
+        o, lse = run(case, x, num_splits=splits)
+        check(case, x, o, lse, f"page_size={page_size} num_splits={splits}")
+
+
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_launch_config_overrides_keep_the_answer(page_size):
+    # 32-key tiles: pages of 16 are gathered key by key, pages of 32 give whole tiles; 20 query rows in 2 tiles
+    case = Case((50, 7), n_q=5, heads=8, kv_heads=2, head_dim=24, dtype=torch.float16, page_size=page_size,
+                splits=3, left=9, right=2)
+    x = make_inputs(case, stable_seed("config", page_size))
+    o, lse = run(case, x, config=dict(BLOCK_N=32, MAX_BLOCK_M=16))
+    check(case, x, o, lse, f"BLOCK_N=32 page_size={page_size}")
+    with pytest.raises(ValueError, match="power of two"):
+        run(case, x, config=dict(BLOCK_N=24))
+
+
+def test_no_lengths_means_the_whole_cache_and_strided_caches_are_read_in_place():
+    # k and v as views into one packed (B, N, 2, Hkv, D) tensor; q as a view of a wider row
+    case = Case((11, 11), n_q=3, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, splits=2)
+    x = make_inputs(case, 3)
+    packed = torch.stack([x.keys[:, :11], x.values[:, :11]], dim=2).to(DEVICE)
+    wide = torch.full((2, 3, 4, 40), NAN, device=DEVICE)
+    wide[..., 8:24] = x.q
+    o, lse = decode_forward(wide[..., 8:24], packed[:, :, 0], packed[:, :, 1], scale=None, num_splits=2)
+    check(case, x, o, lse, "strided")
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_rows_with_nan_give_nan_and_the_others_match():
+    case = Case((21, 9), n_q=3, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, splits=2, right=0)
+    x = make_inputs(case, 5)
+    x.q[0, 1, 2, 3] = NAN                     # one query row of sequence 0
+    key = 4                                   # a key that sequence 1's queries all see
+    x.keys[1, key, 0, 0] = NAN
+    x.k_cache[1, key, 0, 0] = NAN             # a contiguous cache: row b is sequence b
+    o, lse = run(case, x)
+    nan_o = torch.zeros(o.shape, dtype=torch.bool)
+    nan_o[0, 1, 2] = True
+    nan_o[1, :, 0:2] = True                   # kv head 0 serves query heads 0 and 1
+    nan_lse = nan_o.any(-1).transpose(1, 2)
+    assert torch.isnan(o.cpu()[nan_o]).all() and torch.isnan(lse.cpu()[nan_lse]).all()
+    ref_o, ref_lse = judge(case, x)
+    assert_close(o.cpu().masked_fill(nan_o, 0), ref_o.masked_fill(nan_o, 0), case.dtype, what="O of the other rows")
+    assert_close(lse.cpu().masked_fill(nan_lse, 0), ref_lse.masked_fill(nan_lse, 0), case.dtype,
+                 what="lse of the other rows")
+
+
+def test_rows_that_see_no_key_give_zeros_and_minus_inf():
+    # causal with L = 1 < Nq = 3: queries 0 and 1 sit before the only key; L = 0 sees nothing at all
+    case = Case((1, 0, 8), n_q=3, heads=2, kv_heads=1, dtype=torch.float16, splits=4, right=0)
+    x = make_inputs(case, 9)
+    o, lse = run(case, x)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert (o[0, :2] == 0).all() and torch.isneginf(lse[0, :, :2]).all()
+    assert (o[1] == 0).all() and torch.isneginf(lse[1]).all()
+    check(case, x, o, lse, "empty rows")
+
+
+@pytest.mark.parametrize("page_size", [0, 4])
+def test_append_kv_writes_only_the_new_positions(page_size):
+    # lengths 3 and 7 with 3 new tokens cross the page boundaries at 4 and 8
+    case = Case((3, 0, 7), n_q=3, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, page_size=page_size,
+                batch_idx=page_size == 0, right=0)
+    n_new = 3
+    x = make_inputs(case, stable_seed("append", page_size), reserve=n_new)
+    gen = torch.Generator().manual_seed(11)
+    k_new, v_new = (torch.randn(case.batch, n_new, 2, 16, generator=gen) for _ in range(2))
+    k_before, v_before = x.k_cache.clone(), x.v_cache.clone()
+    append_kv(x.k_cache, x.v_cache, k_new.to(DEVICE), v_new.to(DEVICE), x.seqlens, block_table=x.block_table,
+              cache_batch_idx=x.batch_idx)
+    assert x.seqlens.tolist() == list(case.lengths)   # left as it was
+    k_want, v_want = k_before.clone(), v_before.clone()
+    for b, L in enumerate(case.lengths):
+        for t in range(n_new):
+            j = L + t
+            if page_size:
+                slot = (int(x.block_table[b, j // page_size]), j % page_size)
+            else:
+                slot = (int(x.batch_idx[b]), j)
+            k_want[slot], v_want[slot] = k_new[b, t], v_new[b, t]
+            x.keys[b, j], x.values[b, j] = k_new[b, t], v_new[b, t]
+    assert torch.equal(x.k_cache.nan_to_num(7.0), k_want.nan_to_num(7.0))   # and nothing else changed
+    assert torch.equal(x.v_cache.nan_to_num(7.0), v_want.nan_to_num(7.0))
+    lengths = [L + n_new for L in case.lengths]
+    o, lse = run(case, x, cache_seqlens=x.seqlens + n_new)
+    check(case, x, o, lse, "after append_kv", lengths=lengths)
+
+
+def test_combine_splits_weighs_by_lse_and_skips_empty_splits():
+    gen = torch.Generator().manual_seed(2)
+    o_parts = torch.randn(3, 4, 5, 24, generator=gen)
+    lse_parts = torch.randn(3, 4, 5, generator=gen) * 3
+    lse_parts[0, 0, 1:4] = float("-inf")       # empty splits
+    lse_parts[1, 2] = float("-inf")             # a row with every split empty
+    o_parts[lse_parts == float("-inf")] = 0.0
+    o, lse = combine_splits(o_parts.to(DEVICE), lse_parts.to(DEVICE))
+    want_lse = torch.logsumexp(lse_parts.double(), dim=-1)
+    weights = torch.exp(lse_parts.double() - want_lse[..., None]).nan_to_num(0.0)
+    want_o = (weights[..., None] * o_parts.double()).sum(-2)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert (o[1, 2] == 0).all() and torch.isneginf(lse[1, 2])
+    assert_close(o, want_o, torch.float32, what="combined O")
+    assert_close(lse, want_lse, torch.float32, what="combined lse")
+
+
+def test_split_heuristic_fills_the_gpu_without_more_splits_than_tiles():
+    from fa_lab.kernels.decode.configs import PROGRAMS_PER_SM, wave_efficiency
+
+    slots = PROGRAMS_PER_SM * 132
+    # (B, Hkv, Nk) = (1, 8, 8192) on 132 SMs with 64-key tiles: 8 programs need splits, in full waves
+    splits = num_splits_heuristic(1 * 8, 8192, 64, 132)
+    assert splits > 1 and wave_efficiency(8 * splits, slots) >= 0.85 and splits <= 8192 // 64
+    assert num_splits_heuristic(8 * 8, 8192, 64, 132) == 1       # 64 programs already saturate HBM
+    assert num_splits_heuristic(64 * 8, 2048, 64, 132) == 1      # 512 programs fill it already
+    assert num_splits_heuristic(1, 100, 64, 132) == 2            # no more splits than key tiles
+    assert num_splits_heuristic(1, 10, 64, 132) == 1
+    for programs in range(3, 2 * slots, 7):    # (fewer than 3 fill less than one wave even at 128 splits)
+        splits = num_splits_heuristic(programs, 1 << 20, 64, 132)
+        assert 1 <= splits <= 128 and (splits == 1 or wave_efficiency(programs * splits, slots) >= 0.8), programs
+        assert splits == 1 or programs < 0.45 * 132, programs
+
+
+def test_registered_adapter_applies_softcap_and_alibi():
+    q, k, v = random_qkv(2, 4, 3, 13, 16, kv_heads=2, dtype=torch.float32, seed=4)
+    slopes = torch.rand(4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    o, lse = fa_lab.attention(q, k, v, impl="triton_decode", causal=True, softcap=4.0, alibi_slopes=slopes,
+                              return_lse=True)
+    spec = make_spec(q, k, v, causal=True, softcap=4.0, alibi_slopes=slopes)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.float32, what="adapter O")
+    assert_close(lse, ref_lse, torch.float32, what="adapter lse")
+
+
+def _bad(x: Inputs, case: Case):
+    """(description, call, exception, message pattern) for input that must be refused before any launch."""
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    base = dict(cache_seqlens=x.seqlens, scale=None)
+    yield "int64 lengths", dict(base, cache_seqlens=x.seqlens.long()), TypeError, "cache_seqlens must be an int32"
+    if DEVICE.type == "cpu":   # on a GPU the values would cost a device synchronisation to check
+        yield "lengths past the cache", dict(base, cache_seqlens=x.seqlens + 100), ValueError, "cache_seqlens must lie"
+    yield "lengths of another batch", dict(base, cache_seqlens=x.seqlens[:1]), ValueError, r"shape \(2,\)"
+    yield "batch idx with a block table", dict(base, block_table=torch.zeros(2, 3, **i32),
+                                               cache_batch_idx=torch.zeros(2, **i32)), ValueError, "not both"
+    yield "int64 block table", dict(base, block_table=torch.zeros(2, 3, dtype=torch.int64, device=DEVICE)), \
+        TypeError, "block_table must be an int32"
+    yield "block past the cache", dict(base, block_table=torch.full((2, 30), 5, **i32)), ValueError, \
+        "is not a block of the cache"
+    yield "batch idx past the cache", dict(base, cache_batch_idx=torch.tensor([0, 9], **i32)), ValueError, \
+        "cache_batch_idx values"
+    yield "negative splits", dict(base, num_splits=-1), ValueError, "num_splits"
+    yield "window below -1", dict(base, left=-2), ValueError, "left must be >= 0"
+    yield "float window", dict(base, right=1.5), TypeError, "right must be an int"
+    yield "negative softcap", dict(base, softcap=-1.0), ValueError, "softcap"
+    yield "alibi of the wrong shape", dict(base, alibi_slopes=torch.ones(3, device=DEVICE)), ValueError, \
+        "alibi_slopes must have shape"
+
+
+def test_bad_input_is_refused_with_a_clear_error():
+    case = Case((5, 9), n_q=1, heads=4, kv_heads=2, dtype=torch.float32)
+    x = make_inputs(case, 0)
+    for what, kwargs, error, pattern in _bad(x, case):
+        with pytest.raises(error, match=pattern):
+            decode_forward(x.q, x.k_cache, x.v_cache, **kwargs)
+            raise AssertionError(f"{what}: accepted")
+    kc, vc, q = x.k_cache, x.v_cache, x.q
+    shapes = [
+        ((q[0], kc, vc), ValueError, "q must have 4 dims"),
+        ((q.double(), kc, vc), TypeError, "q must be float16, bfloat16 or float32"),
+        ((q, kc.half(), vc.half()), TypeError, "k_cache must have the dtype of q"),
+        ((q, kc, vc[:, :5]), ValueError, "one shape"),
+        ((q[..., :8], kc, vc), ValueError, "head dim of q"),
+        ((q[:, :, :3], kc, vc), ValueError, "multiple of the cache's key/value heads"),
+        ((q[:1], kc, vc), ValueError, "cache_batch_idx"),
+        ((torch.zeros(2, 1, 4, 300, device=DEVICE), torch.zeros(2, 4, 2, 300, device=DEVICE),
+          torch.zeros(2, 4, 2, 300, device=DEVICE)), ValueError, "head dims 1..256"),
+    ]
+    for args, error, pattern in shapes:
+        with pytest.raises(error, match=pattern):
+            decode_forward(*args, scale=None)
+    with pytest.raises(ValueError, match="forward only"):
+        decode_forward(q.clone().requires_grad_(), kc, vc, scale=None)
+    new = torch.zeros(2, 4, 2, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="overflows"):
+        append_kv(kc, vc, new, new, x.seqlens + 2)
+    with pytest.raises(TypeError, match="cache's dtype"):
+        append_kv(kc, vc, new.half(), new.half(), x.seqlens)
+    with pytest.raises(ValueError, match="k_new and v_new"):
+        append_kv(kc, vc, new[..., :8], new[..., :8], x.seqlens)
+
+
+def test_empty_cache_gives_zeros():
+    case = Case((0, 0), heads=2, kv_heads=1, dtype=torch.float32)
+    x = make_inputs(case, 0)
+    o, lse = decode_forward(x.q, x.k_cache[:, :0], x.v_cache[:, :0], scale=None)   # no room for a key
+    assert (o == 0).all() and torch.isneginf(lse).all()
+    o, lse = run(case, x, num_splits=2)                                            # room, but no key yet
+    assert (o == 0).all() and torch.isneginf(lse).all()
