@@ -64,26 +64,17 @@ def head_dim_block(head_dim: int) -> int:
     return max(MIN_TILE, next_power_of_2(head_dim))
 
 
-#: the widest key tile of a paged cache: its tiles are loaded through the block table, and on the H100 at
-#: D = 128 (fp16, (B, Hkv, Nk) = (8, 8, 8192), 16- and 256-key pages) 64-key tiles took about 0.57x the time of
-#: 128-key tiles, which read the pages at half the bandwidth of a contiguous cache
-PAGED_MAX_BLOCK_N = 64
-
-
-def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None, *, paged: bool = False) -> dict:
+def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None) -> dict:
     """The split-KV kernel's launch configuration for a head dim and the element size it computes in.
 
     A dict with ``BLOCK_N``, ``MAX_BLOCK_M``, ``num_warps`` and ``num_stages``; ``overrides``
-    replaces some of them (a tuning run), checked here.  ``paged``: the cache is read through a
-    block table (narrower key tiles, ``PAGED_MAX_BLOCK_N``).
+    replaces some of them (a tuning run), checked here.
     """
     if not ON_GPU:
         cfg = dict(CPU_CONFIG)
     else:
         block_d = head_dim_block(head_dim)
         block_n, warps, stages = GPU_TABLE[block_d]
-        if paged:
-            block_n = min(block_n, PAGED_MAX_BLOCK_N)
         if itemsize > 2:   # fp32: the same bytes per tile
             block_n = max(MIN_TILE, block_n * 2 // itemsize)
         cfg = dict(BLOCK_N=block_n, MAX_BLOCK_M=GPU_MAX_BLOCK_M[block_d], num_warps=warps, num_stages=stages)

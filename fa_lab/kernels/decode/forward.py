@@ -60,7 +60,7 @@ def decode_forward(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None,
     if work != q.dtype:
         q, k_cache, v_cache = (t.to(work) for t in (q, k_cache, v_cache))
     o_work = o if work == o.dtype else torch.empty(o.shape, dtype=work, device=device)
-    cfg = decode_config(D, work.itemsize, config, paged=p.page_size > 0)
+    cfg = decode_config(D, work.itemsize, config)
     block_n = cfg["BLOCK_N"]
     rows = p.group * Nq
     block_m = query_block(rows, cfg["MAX_BLOCK_M"])
