@@ -402,10 +402,11 @@ def test_exercises_without_triton_say_why():
     code = BLOCK_TRITON + """
 from fa_lab.exercises import check, names
 result = check("ch4_flash_kernel", lambda *a: None)
-print(repr((sorted({n[:3] for n in names()}), result.passed, result.first_failure["message"])))
+print(repr((sorted({n.split("_")[0] for n in names()}), result.passed, result.first_failure["message"])))
 """
     done = _python(code, FA_LAB_WORLD="cpu")
     assert done.returncode == 0, done.stderr[-3000:]
     chapters, passed, message = eval(done.stdout.splitlines()[0])
-    assert chapters == ["ch1", "ch2", "ch3", "ch6"] and passed is False
+    # the PyTorch exercises stay (Part II's warm-ups too); the Triton kernels' chapters 4 and 5 go
+    assert chapters == ["ch1", "ch10", "ch2", "ch3", "ch6", "ch8", "ch9"] and passed is False
     assert "Triton exercise" in message and "Linux" in message

@@ -2,8 +2,8 @@
 import pytest
 
 from fa_lab.exercises import check, get, reference
-from fa_lab.exercises.runner import run_check
 from fa_lab.exercises.ch6 import _exact_keys, _kv_once, _no_lse, _no_skipping
+from fa_lab.exercises.runner import run_check
 from fa_lab.perf.model import Problem, flash_forward_counts
 
 DTYPES = {2: "fp16", 4: "fp32"}

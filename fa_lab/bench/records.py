@@ -84,6 +84,9 @@ SOURCES = {
     "gpu_ch5": ("kernels/triton", "kernels/torch_tiled.py", "autograd.py"),
     "gpu_ch6": (*PART_ONE_KERNELS, "perf/model.py"),
     "gpu_ch6_ceilings": ("perf/hardware.py",),
+    "gpu_ch8": ("kernels/varlen", "kernels/triton", "flash_attn"),
+    "gpu_ch9": ("kernels/decode",),
+    "gpu_ch10": ("kernels/varlen", "kernels/triton", "flash_attn"),
     SUITE_PREFIX: (*PART_ONE_KERNELS, "bench/peers.py"),
 }
 

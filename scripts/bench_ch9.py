@@ -1,0 +1,287 @@
+"""Record chapter 9 on a GPU: one-query decoding over a KV cache, ours against PyTorch SDPA.
+
+    python scripts/bench_ch9.py [--out DIR] [--quick] [--sections decode,splits] [--dtypes float16,bfloat16]
+
+Ours is ``fa_lab.kernels.decode.decode_forward`` (registered as ``triton_decode``) on a cache laid
+out as flash-attn lays it, ``(B, Nk, Hkv, D)``, contiguous or paged (16- and 256-token pages at the
+first shape).  The peers are SDPA's flash and cuDNN backends (``torch.nn.attention.sdpa_kernel``) on
+views of the same cache, with ``enable_gqa=True``; a backend that refuses GQA gets K and V expanded
+to every query head beforehand (``gqa`` says which, and its bytes read count the expansion); one
+that refuses the input is recorded as ``unsupported``.
+
+For each problem, in one run and on the same inputs:
+
+* ``gpu_us``: GPU time of one call from a CUDA graph of many calls (``triton.testing.do_bench_cudagraph``),
+  the candidates interleaved in balanced orders (``fa_lab.bench.timer.balanced_orders``), the median
+  of the rounds;
+* ``bandwidth``: bytes of K and V read per second; ``copy`` is a device-to-device copy of a buffer of
+  the same size timed the same way (its bandwidth counts the bytes read and written);
+* ``host_us_per_call``: wall clock per eager call of many calls with one synchronisation at the end,
+  measured separately (``fa_lab.bench.timer.back_to_back_ms``);
+* ``splits``: the split count ours chose.
+
+The ``splits`` section times ours at fixed split counts (``num_splits=``) beside the heuristic's.
+Writes gpu_ch9.json (fa_lab.bench.records format) into DIR (default fa_lab/data).  ``--quick`` runs
+fp16 only, with fewer rounds; ``--smoke`` runs tiny problems in any world (checks the script,
+writes to DIR or a temporary folder).
+"""
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+
+import fa_lab  # noqa: F401  (first: picks the world)
+import torch  # noqa: E402
+
+from fa_lab.bench import records as recorded  # noqa: E402
+from fa_lab.bench.timer import back_to_back_ms, balanced_orders, time_fn  # noqa: E402
+from fa_lab.core.world import ON_GPU  # noqa: E402
+from fa_lab.kernels.decode import decode_forward  # noqa: E402
+from fa_lab.kernels.decode.configs import decode_config, num_splits_heuristic, query_block, sm_count  # noqa: E402
+
+#: (batch, heads, kv_heads, n_q, n_k, head_dim): the chapter's problems, and one long sequence (split-KV's case)
+ROWS = [(8, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 2048, 128), (1, 32, 8, 1, 65536, 128)]
+#: page sizes of the paged cache, at ROWS[0]
+PAGES = (16, 256)
+#: split counts of the ``splits`` section
+SPLITS = (1, 2, 4, 8, 16, 32)
+#: peer name -> SDPA backend name
+SDPA = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}
+#: (rounds, do_bench_cudagraph rep in ms, eager calls per host timing); 8 rounds balance 2, 4 or 8 candidates
+FULL, QUICK, SMOKE = (8, 20, 200), (2, 10, 100), (1, 1, 3)
+
+
+def gpu_us(fn, rep_ms: int) -> float:
+    """GPU time of one call in µs: CUDA-graph replay on a GPU (no host in it), wall clock in the CPU world."""
+    if ON_GPU:
+        import triton.testing
+
+        median = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, quantiles=[0.5])
+        return (median[0] if isinstance(median, (list, tuple)) else median) * 1e3   # one quantile: a float
+    return time_fn(fn, warmup=1, rep=2)["ms"] * 1e3
+
+
+def interleaved(fns: dict, rounds: int, measure) -> tuple[dict, dict]:
+    """``measure(fn)`` of every callable in ``rounds`` rounds cycling through balanced orders (each follows every
+    other equally often over ``len(balanced_orders(n))`` rounds).  ``(name -> median, name -> error)``: a
+    callable that raises is measured no more, and its error is returned instead."""
+    names = list(fns)
+    if not names:
+        return {}, {}
+    orders = balanced_orders(len(names))
+    samples, errors = {n: [] for n in names}, {}
+    for r in range(rounds):
+        for i in orders[r % len(orders)]:
+            name = names[i]
+            if name in errors:
+                continue
+            try:
+                samples[name].append(measure(fns[name]))
+            except Exception as exc:   # a peer that cannot be timed (a CUDA graph it refuses) is a fact
+                errors[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+    return {n: statistics.median(v) for n, v in samples.items() if v and n not in errors}, errors
+
+
+def head(section, impl, row, dtype, page_size=0, **fields):
+    B, H, Hkv, Nq, Nk, D = row
+    return dict(section=section, impl=impl, batch=B, heads=H, kv_heads=Hkv, n_q=Nq, n_k=Nk, head_dim=D, dtype=dtype,
+                page_size=page_size, **fields)
+
+
+def make_cache(row, dtype, seed=1):
+    """q (B, Nq, H, D) and a contiguous cache (B, Nk, Hkv, D), every sequence full."""
+    B, H, Hkv, Nq, Nk, D = row
+    g = torch.Generator(device=fa_lab.DEVICE).manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = torch.randn(B, Nq, H, D, device=fa_lab.DEVICE, dtype=dt, generator=g)
+    k = torch.randn(B, Nk, Hkv, D, device=fa_lab.DEVICE, dtype=dt, generator=g)
+    v = torch.randn(B, Nk, Hkv, D, device=fa_lab.DEVICE, dtype=dt, generator=g)
+    return q, k, v
+
+
+def paged(k, v, page_size, seed=2):
+    """The same keys and values in a pool of pages at random places, and its block table."""
+    B, Nk, Hkv, D = k.shape
+    per_seq = math.ceil(Nk / page_size)
+    pad = per_seq * page_size - Nk
+    order = torch.randperm(B * per_seq, generator=torch.Generator().manual_seed(seed)).to(k.device)
+    table = order.view(B, per_seq).to(torch.int32)
+    pools = []
+    for t in (k, v):
+        pages = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).view(B * per_seq, page_size, Hkv, D)
+        pool = torch.empty_like(pages)
+        pool[order] = pages
+        pools.append(pool)
+    return pools[0], pools[1], table
+
+
+def splits_chosen(q, capacity, kv_heads) -> int:
+    """The split count ``decode_forward``'s heuristic picks (its arithmetic: tiles, query tiles, programs)."""
+    B, Nq, H, D = q.shape
+    itemsize = 4 if (not ON_GPU and q.dtype == torch.bfloat16) else q.element_size()
+    cfg = decode_config(D, itemsize)
+    rows = H // kv_heads * Nq
+    m_tiles = math.ceil(rows / query_block(rows, cfg["MAX_BLOCK_M"]))
+    return num_splits_heuristic(B * kv_heads * m_tiles, capacity, cfg["BLOCK_N"], sm_count(q.device))
+
+
+def sdpa_call(name, q, k, v):
+    """``(fn, gqa mode, bytes of K and V it reads)`` for an SDPA backend on views of the cache, or raises."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, SDPA[name])
+    qh = q.transpose(1, 2)                       # (B, H, Nq, D) views: no copy
+    kh, vh = k.transpose(1, 2), v.transpose(1, 2)
+    group = q.shape[2] // k.shape[2]
+    why = []
+    for mode in ("enable_gqa", "expanded"):
+        if mode == "expanded":
+            kh, vh = (t.repeat_interleave(group, dim=1) for t in (kh, vh))   # outside the timed call
+        kw = dict(enable_gqa=True) if mode == "enable_gqa" else {}
+
+        def run(kh=kh, vh=vh, kw=kw):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qh, kh, vh, **kw)
+        try:
+            out = run()
+        except RuntimeError as exc:
+            why.append(f"{mode}: {str(exc).splitlines()[0][:150]}")
+            continue
+        return run, out.transpose(1, 2), mode, 2 * kh.numel() * kh.element_size()
+    raise RuntimeError("; ".join(why))
+
+
+def measure_row(row, dtype, mode, page_size=0):
+    """Ours, each SDPA backend and the copy on one problem: one record each."""
+    rounds, rep_ms, calls = mode
+    if ON_GPU:
+        torch.cuda.empty_cache()   # the previous problem's buffers
+    q, k, v = make_cache(row, dtype)
+    B, H, Hkv, Nq, Nk, D = row
+    kv_bytes = 2 * k.numel() * k.element_size()
+    seqlens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
+    recs, fns = {}, {}
+    with torch.no_grad():
+        o_ref, _ = decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
+        if page_size:
+            k_pages, v_pages, table = paged(k, v, page_size)
+            fns["triton_decode"] = lambda: decode_forward(q, k_pages, v_pages, cache_seqlens=seqlens,
+                                                          block_table=table, scale=None)
+            o = fns["triton_decode"]()[0]
+            recs["triton_decode"] = head("decode", "triton_decode", row, dtype, page_size, status="ok",
+                                         max_abs_diff_vs_contiguous=float((o.float() - o_ref.float()).abs().max()))
+        else:
+            fns["triton_decode"] = lambda: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
+            recs["triton_decode"] = head("decode", "triton_decode", row, dtype, status="ok")
+        capacity = Nk if not page_size else table.shape[1] * page_size
+        recs["triton_decode"].update(splits=splits_chosen(q, capacity, Hkv),
+                                     kv_bytes_read=kv_bytes, gqa="packed")
+        for name in SDPA:
+            rec = recs[name] = head("decode", name, row, dtype, page_size)
+            if page_size:
+                rec["status"] = "unsupported: SDPA takes no paged KV cache (no block table)"
+                continue
+            try:
+                fns[name], out, rec["gqa"], rec["kv_bytes_read"] = sdpa_call(name, q, k, v)
+                rec["max_abs_diff_vs_ours"] = float((out.float() - o_ref.float()).abs().max())
+                rec["status"] = "ok"
+            except Exception as exc:   # a backend that refuses the input is a fact, not a crash
+                rec["status"] = f"unsupported: {type(exc).__name__}: {str(exc)[:300]}"
+        src = torch.empty(kv_bytes // 2, dtype=torch.float16, device=q.device)
+        dst = torch.empty_like(src)
+        fns["copy"] = lambda: dst.copy_(src)
+        recs["copy"] = head("decode", "copy", row, dtype, page_size, status="ok", kv_bytes_read=kv_bytes)
+
+        times, errors = interleaved(fns, rounds, lambda fn: gpu_us(fn, rep_ms))
+        hosts, _ = interleaved({n: f for n, f in fns.items() if n != "copy" and n not in errors}, rounds,
+                               lambda fn: back_to_back_ms(fn, calls) * 1e3)
+    for name, error in errors.items():
+        recs[name]["status"] = error
+        print(f"  {name}: {error}", flush=True)
+    for name, us in times.items():
+        recs[name]["gpu_us"] = us
+    for name, rec in recs.items():
+        rec["kv_bytes"] = kv_bytes
+        if rec.get("gpu_us"):
+            moved = 2 * kv_bytes if name == "copy" else rec["kv_bytes_read"]
+            rec["bandwidth"] = moved / (rec["gpu_us"] * 1e-6)
+        if name in hosts:
+            rec["host_us_per_call"] = hosts[name]
+        rec["timer"] = ("do_bench_cudagraph, " if ON_GPU else "wall clock (CPU world), ") + \
+            f"median of interleaved rounds; host: {calls} eager calls, one sync"
+    return list(recs.values())
+
+
+def sweep_splits(row, dtype, mode, splits=SPLITS):
+    """Ours at fixed split counts and at the heuristic's (``chosen``), interleaved."""
+    rounds, rep_ms, _ = mode
+    rounds = min(rounds, 4)   # many candidates: fewer rounds keep the run short
+    q, k, v = make_cache(row, dtype)
+    B, H, Hkv, Nq, Nk, D = row
+    seqlens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
+    chosen = splits_chosen(q, Nk, Hkv)
+    fns = {s: (lambda s=s: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None, num_splits=s))
+           for s in sorted({*splits, chosen})}
+    with torch.no_grad():
+        times, errors = interleaved(fns, rounds, lambda fn: gpu_us(fn, rep_ms))
+    return [head("splits", "triton_decode", row, dtype, num_splits=s, chosen=s == chosen, gpu_us=times.get(s),
+                 status=errors.get(s, "ok")) for s in fns]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=None, help="directory for gpu_ch9.json (default: fa_lab/data)")
+    parser.add_argument("--sections", default="decode,splits", help="decode,splits")
+    parser.add_argument("--dtypes", default=None, help="float16,bfloat16 (--quick: float16)")
+    parser.add_argument("--quick", action="store_true", help="fp16 only, fewer rounds: a minute or less")
+    parser.add_argument("--smoke", action="store_true", help="tiny problems, any world: checks the script")
+    parser.add_argument("--name", default="gpu_ch9", help="recording name")
+    args = parser.parse_args(argv)
+    rows, pages, splits, mode = ROWS, PAGES, SPLITS, QUICK if args.quick else FULL
+    if args.smoke:
+        rows, pages, splits, mode = [(2, 4, 2, 1, 40, 16), (3, 4, 1, 2, 24, 24)], (16,), (1, 2), SMOKE
+        args.out = args.out or tempfile.mkdtemp(prefix="bench_ch9_")
+    elif not ON_GPU:
+        sys.exit("bench_ch9 records GPU numbers: run it on a machine with a CUDA GPU (or try --smoke)")
+    dtypes = (args.dtypes or ("float16" if args.quick or args.smoke else "float16,bfloat16")).split(",")
+    sections = args.sections.split(",")
+    records = []
+    t_start = time.perf_counter()
+
+    def flush():
+        return recorded.save(args.name, records, command="python scripts/bench_ch9.py " + " ".join(
+                             argv if argv is not None else sys.argv[1:]), directory=args.out,
+                             rows=[list(r) for r in rows], pages=list(pages), splits=list(splits),
+                             seconds=round(time.perf_counter() - t_start, 1))
+
+    if "decode" in sections:
+        for dtype in dtypes:
+            for row in rows:
+                recs = measure_row(row, dtype, mode)
+                records += recs
+                flush()
+                print(f"{dtype} {row}: " + "  ".join(f"{r['impl']} {r['gpu_us']:.1f}us" if r.get("gpu_us")
+                                                     else f"{r['impl']} {r['status'][:40]}" for r in recs), flush=True)
+            for page in pages:
+                recs = measure_row(rows[0], dtype, mode, page_size=page)
+                records += recs
+                flush()
+                ours = recs[0]
+                print(f"{dtype} {rows[0]} pages of {page}: ours {ours.get('gpu_us', 0):.1f}us", flush=True)
+    if "splits" in sections:
+        for row in rows:
+            records += sweep_splits(row, dtypes[0], mode, splits)
+            flush()
+            print(f"splits {row}: " + "  ".join(f"{r['num_splits']}{'*' if r['chosen'] else ''} {r['gpu_us']:.1f}us"
+                                                for r in records if r["section"] == "splits"
+                                                and r["batch"] == row[0]), flush=True)
+    path = flush()
+    print(f"wrote {path} in {time.perf_counter() - t_start:.0f}s", flush=True)
+    return path
+
+
+if __name__ == "__main__":
+    main()
