@@ -3,17 +3,5 @@
 ``from fa_lab.flash_attn_interface import flash_attn_func`` is
 ``from fa_lab.flash_attn.flash_attn_interface import flash_attn_func``: one implementation, two names.
 """
-from fa_lab.flash_attn.flash_attn_interface import (
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
-
-__all__ = [
-    "flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
-    "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache",
-]
+from fa_lab.flash_attn.flash_attn_interface import *  # noqa: F403  (its __all__: the seven functions)
+from fa_lab.flash_attn.flash_attn_interface import __all__  # noqa: F401

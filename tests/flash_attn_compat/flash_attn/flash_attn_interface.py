@@ -1,13 +1,5 @@
 """``flash_attn.flash_attn_interface`` for flash-attn's own tests: fa_lab's interface, plus a test helper."""
-from fa_lab.flash_attn.flash_attn_interface import (  # noqa: F401
-    flash_attn_func,
-    flash_attn_kvpacked_func,
-    flash_attn_qkvpacked_func,
-    flash_attn_varlen_func,
-    flash_attn_varlen_kvpacked_func,
-    flash_attn_varlen_qkvpacked_func,
-    flash_attn_with_kvcache,
-)
+from fa_lab.flash_attn.flash_attn_interface import *  # noqa: F403
 
 
 def _get_block_size_n(device, head_dim, is_dropout, is_causal):
