@@ -15,18 +15,11 @@ import pytest
 import torch
 
 import fa_lab  # noqa: F401  (conftest imports it before triton: it picks the world)
-from fa_lab.exercises import ch10, ch10_kernels, check, get, hint
+from fa_lab.exercises import ch10, ch10_kernels, get, hint
 from fa_lab.exercises.runner import run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["ch10_alibi_slopes", "ch10_softcap_backward", "ch10_score_mod_kernel"]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_model_answers_score_full_marks(name):
-    ex = get(name)
-    result = run_check(ex, ex.model_answer)
-    assert result.passed and result.score == result.max_score > 0, repr(result)
 
 
 def test_the_kernel_exercise_is_a_triton_kernel_judged_in_float64():
@@ -56,14 +49,6 @@ def test_kernel_mistakes_are_named():
         result = run_check(ex, mistake.fn, trusted=True, seeds=(0,))
         assert not result.passed, mistake.name
         assert mistake.name in " ".join(r.get("diagnosis", "") or "" for r in result.rows), mistake.name
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_stubs_get_feedback_not_an_exception(name):
-    def stub(*args, **kwargs):
-        raise NotImplementedError
-    result = check(name, stub)
-    assert not result.passed and "not implemented" in result.first_failure["message"]
 
 
 @pytest.mark.parametrize("name", NAMES)
