@@ -30,7 +30,6 @@ or a temporary folder).
 """
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ import fa_lab  # noqa: E402  (first: picks the world)
 import torch  # noqa: E402
 
 from fa_lab.bench import records as recorded  # noqa: E402
-from fa_lab.bench.timer import balanced_orders, time_fn  # noqa: E402
+from fa_lab.bench.timer import time_fn, time_interleaved  # noqa: E402
 from fa_lab.core.flops import attention_flops  # noqa: E402
 from fa_lab.core.world import ON_GPU  # noqa: E402
 from fa_lab.figures.varlen import chapter_lengths, padding_ratios  # noqa: E402
@@ -63,26 +62,11 @@ def measure(fn, gpu_ms):
 
 
 def interleaved(fns: dict, rounds: int, gpu_ms) -> tuple[dict, dict]:
-    """``(name -> median ms over the rounds, name -> error)``; each round runs every callable once, in the
-    balanced orders; a callable that raises is measured no more."""
-    names = list(fns)
-    orders = balanced_orders(len(names))
-    samples, errors = {n: [] for n in names}, {}
-    for r in range(rounds):
-        for i in orders[r % len(orders)]:
-            name = names[i]
-            if name in errors:
-                continue
-            try:
-                samples[name].append(measure(fns[name], gpu_ms))
-            except Exception as exc:   # an implementation that fails while timed is a fact, not a crash
-                errors[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-    out = {}
-    for n, ms in samples.items():
-        if ms and n not in errors:
-            q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else ms * 9
-            out[n] = dict(ms=statistics.median(ms), ms_p10=q[0], ms_p90=q[-1], rounds=len(ms))
-    return out, errors
+    """``(name -> timing, name -> error)``: ``time_interleaved`` with this script's ``measure``; a
+    callable that raises is measured no more."""
+    errors = {}
+    times = time_interleaved(fns, rounds=rounds, measure=lambda fn: measure(fn, gpu_ms), errors=errors)
+    return times, errors
 
 
 def packed_inputs(lengths, heads, head_dim, dtype, seed=1):

@@ -27,7 +27,6 @@ writes to DIR or a temporary folder).
 """
 import argparse
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ import fa_lab  # noqa: F401  (first: picks the world)
 import torch  # noqa: E402
 
 from fa_lab.bench import records as recorded  # noqa: E402
-from fa_lab.bench.timer import back_to_back_ms, balanced_orders, time_fn  # noqa: E402
+from fa_lab.bench.timer import back_to_back_ms, time_fn, time_interleaved  # noqa: E402
 from fa_lab.core.world import ON_GPU  # noqa: E402
 from fa_lab.kernels.decode import decode_forward  # noqa: E402
 from fa_lab.kernels.decode.configs import decode_config, num_splits_heuristic, query_block, sm_count  # noqa: E402
@@ -64,24 +63,11 @@ def gpu_us(fn, rep_ms: int) -> float:
 
 
 def interleaved(fns: dict, rounds: int, measure) -> tuple[dict, dict]:
-    """``measure(fn)`` of every callable in ``rounds`` rounds cycling through balanced orders (each follows every
-    other equally often over ``len(balanced_orders(n))`` rounds).  ``(name -> median, name -> error)``: a
-    callable that raises is measured no more, and its error is returned instead."""
-    names = list(fns)
-    if not names:
-        return {}, {}
-    orders = balanced_orders(len(names))
-    samples, errors = {n: [] for n in names}, {}
-    for r in range(rounds):
-        for i in orders[r % len(orders)]:
-            name = names[i]
-            if name in errors:
-                continue
-            try:
-                samples[name].append(measure(fns[name]))
-            except Exception as exc:   # a peer that cannot be timed (a CUDA graph it refuses) is a fact
-                errors[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
-    return {n: statistics.median(v) for n, v in samples.items() if v and n not in errors}, errors
+    """``measure(fn)`` of every callable in ``rounds`` interleaved rounds (``time_interleaved``):
+    ``(name -> median, name -> error)``; a callable that raises is measured no more."""
+    errors = {}
+    times = time_interleaved(fns, rounds=rounds, measure=measure, errors=errors)
+    return {n: t["ms"] for n, t in times.items()}, errors
 
 
 def head(section, impl, row, dtype, page_size=0, **fields):

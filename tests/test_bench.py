@@ -259,6 +259,24 @@ def test_time_interleaved_times_each_callable_every_round_in_balanced_orders(mon
         [names[i] for r in range(7) for i in orders[r % len(orders)]]
 
 
+def test_time_interleaved_takes_a_measure_and_keeps_going_past_a_failing_peer():
+    from fa_lab.bench import timer as timing
+
+    calls = []
+
+    def refuses():
+        raise RuntimeError("no such backend")
+
+    fns = {"ok": lambda: calls.append("ok"), "refuses": refuses, "also_ok": lambda: calls.append("also_ok")}
+    errors = {}
+    out = timing.time_interleaved(fns, rounds=4, measure=lambda fn: (fn(), 2.0)[1], errors=errors)
+    assert set(out) == {"ok", "also_ok"} and all(r["ms"] == 2.0 and r["rounds"] == 4 for r in out.values())
+    assert errors == {"refuses": "error: RuntimeError: no such backend"}
+    assert calls.count("ok") == calls.count("also_ok") == 4          # the refusing peer is not retried
+    with pytest.raises(RuntimeError, match="no such backend"):       # without an errors dict it propagates
+        timing.time_interleaved(fns, rounds=1, measure=lambda fn: (fn(), 1.0)[1])
+
+
 @pytest.mark.parametrize("n", range(1, 9))
 def test_balanced_orders_give_every_callable_each_predecessor_equally_often(n):
     from fa_lab.bench.timer import balanced_orders

@@ -66,7 +66,8 @@ def balanced_orders(n: int) -> list[list[int]]:
     return orders + [order[::-1] for order in orders] if n % 2 and n > 1 else orders
 
 
-def time_interleaved(fns: dict, *, rounds: int = 6, gpu_ms=(10, 40)) -> dict[str, dict]:
+def time_interleaved(fns: dict, *, rounds: int = 6, gpu_ms=(10, 40), measure=None,
+                     errors: dict | None = None) -> dict[str, dict]:
     """``time_fn`` for several callables (peers on the same inputs), in alternating rounds.
 
     Under sustained load a GPU's clock drifts (an H100 at full power can lose 5-10% over a
@@ -75,20 +76,38 @@ def time_interleaved(fns: dict, *, rounds: int = 6, gpu_ms=(10, 40)) -> dict[str
     callable follows every other equally often: pass a multiple of ``len(balanced_orders(n))``
     rounds for an exact balance); each one's result is the median of its rounds' medians, with
     the spread of the rounds as p10/p90.
+
+    ``measure(fn) -> ms`` replaces ``time_fn`` (a CUDA-graph timing, a host-time loop).  With an
+    ``errors`` dict, a callable that raises while timed is measured no more, its error is put
+    there and it has no result (a peer that refuses an input is a fact, not a crash); without
+    one, the exception propagates.
     """
+    if measure is None:
+        def measure(fn):
+            return time_fn(fn, gpu_ms=gpu_ms)["ms"]
     names = list(fns)
-    orders = balanced_orders(len(names))
+    orders = balanced_orders(len(names)) if names else []
     samples = {name: [] for name in names}
-    for r in range(rounds):
+    for r in range(rounds if names else 0):
         for i in orders[r % len(orders)]:
-            samples[names[i]].append(time_fn(fns[names[i]], gpu_ms=gpu_ms)["ms"])
+            name = names[i]
+            if errors is not None and name in errors:
+                continue
+            try:
+                samples[name].append(measure(fns[name]))
+            except Exception as exc:
+                if errors is None:
+                    raise
+                errors[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
     out = {}
     for name, ms in samples.items():
-        p10, p90 = (statistics.quantiles(ms, n=10, method="inclusive")[i] for i in (0, -1)) if rounds > 1 \
+        if not ms or (errors is not None and name in errors):
+            continue
+        p10, p90 = (statistics.quantiles(ms, n=10, method="inclusive")[i] for i in (0, -1)) if len(ms) > 1 \
             else (ms[0], ms[0])
-        out[name] = dict(ms=statistics.median(ms), ms_p10=p10, ms_p90=p90, rounds=rounds,
+        out[name] = dict(ms=statistics.median(ms), ms_p10=p10, ms_p90=p90, rounds=len(ms),
                          timer=("cuda-events (do_bench), " if ON_GPU else "wall-clock, ")
-                         + f"median of {rounds} interleaved rounds (balanced orders)")
+                         + f"median of {len(ms)} interleaved rounds (balanced orders)")
     return out
 
 
