@@ -38,7 +38,7 @@ from fa_lab.bench import records as recorded  # noqa: E402
 from fa_lab.bench.timer import back_to_back_ms, time_fn, time_interleaved  # noqa: E402
 from fa_lab.core.world import ON_GPU  # noqa: E402
 from fa_lab.kernels.decode import decode_forward  # noqa: E402
-from fa_lab.kernels.decode.configs import decode_config, num_splits_heuristic, query_block, sm_count  # noqa: E402
+from fa_lab.kernels.decode.forward import decode_plan  # noqa: E402
 
 #: (batch, heads, kv_heads, n_q, n_k, head_dim): the chapter's problems, and one long sequence (split-KV's case)
 ROWS = [(8, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 2048, 128), (1, 32, 8, 1, 65536, 128)]
@@ -103,14 +103,9 @@ def paged(k, v, page_size, seed=2):
     return pools[0], pools[1], table
 
 
-def splits_chosen(q, capacity, kv_heads) -> int:
-    """The split count ``decode_forward``'s heuristic picks (its arithmetic: tiles, query tiles, programs)."""
-    B, Nq, H, D = q.shape
-    itemsize = 4 if (not ON_GPU and q.dtype == torch.bfloat16) else q.element_size()
-    cfg = decode_config(D, itemsize)
-    rows = H // kv_heads * Nq
-    m_tiles = math.ceil(rows / query_block(rows, cfg["MAX_BLOCK_M"]))
-    return num_splits_heuristic(B * kv_heads * m_tiles, capacity, cfg["BLOCK_N"], sm_count(q.device))
+def splits_chosen(q, k, v, **cache) -> int:
+    """The split count ``decode_forward`` picks for this call (its own plan)."""
+    return decode_plan(q, k, v, **cache).splits
 
 
 def sdpa_call(name, q, k, v):
@@ -162,8 +157,8 @@ def measure_row(row, dtype, mode, page_size=0):
         else:
             fns["triton_decode"] = lambda: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
             recs["triton_decode"] = head("decode", "triton_decode", row, dtype, status="ok")
-        capacity = Nk if not page_size else table.shape[1] * page_size
-        recs["triton_decode"].update(splits=splits_chosen(q, capacity, Hkv),
+        cache = dict(k=k_pages, v=v_pages, block_table=table) if page_size else dict(k=k, v=v)
+        recs["triton_decode"].update(splits=splits_chosen(q, cache_seqlens=seqlens, **cache),
                                      kv_bytes_read=kv_bytes, gqa="packed")
         for name in SDPA:
             rec = recs[name] = head("decode", name, row, dtype, page_size)
@@ -208,7 +203,7 @@ def sweep_splits(row, dtype, mode, splits=SPLITS):
     q, k, v = make_cache(row, dtype)
     B, H, Hkv, Nq, Nk, D = row
     seqlens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
-    chosen = splits_chosen(q, Nk, Hkv)
+    chosen = splits_chosen(q, k, v, cache_seqlens=seqlens)
     fns = {s: (lambda s=s: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None, num_splits=s))
            for s in sorted({*splits, chosen})}
     with torch.no_grad():

@@ -12,7 +12,8 @@
 # (it asks for the device capability when imported) and einops.  Its full grid is tens of thousands of
 # cases: pass -k / --maxfail to run part of it.  Cases that fa_lab refuses on purpose (dropout,
 # cache_leftpad, a paged k/v in flash_attn_varlen_func) fail with NotImplementedError; the summary
-# counts them apart from real failures.
+# counts them apart from real failures.  scripts/sample_flash_attn_tests.py picks a seeded sample of
+# the collected cases, the same number from each test function, for --ids.
 #
 # Writes into ${FLASH_ATTN_TESTS_OUT:-_build/flash_attn_tests}: junit.xml, pytest.log and summary.txt.
 # Exits with pytest's status.

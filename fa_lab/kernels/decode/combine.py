@@ -18,7 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fa_lab.kernels.decode.configs import COMBINE_WARPS, head_dim_block, next_power_of_2
+from fa_lab.kernels.decode.configs import COMBINE_STAGES, COMBINE_WARPS, head_dim_block, next_power_of_2
+from fa_lab.kernels.decode.launching import Launch, run
 
 
 @triton.jit
@@ -89,9 +90,18 @@ def combine_splits(o_parts: torch.Tensor, lse_parts: torch.Tensor, *, o: torch.T
     n_rows = math.prod(rows)
     if n_rows == 0:
         return o, lse
+    run(combine_launch(o_parts.shape, o, lse), (o_parts, lse_parts, o, lse))
+    return o, lse
+
+
+def combine_launch(parts_shape, o: torch.Tensor, lse: torch.Tensor) -> Launch:
+    """The launch of ``combine_kernel`` for partials of shape ``(*rows, S, D)`` into ``o`` and ``lse``
+    (checked by ``combine_splits``; a caller that repeats a problem keeps it)."""
+    *rows, n_splits, head_dim = parts_shape
+    n_rows_dims = len(rows)
     (_, rows_1, rows_2), o_strides = _rows3(o, n_rows_dims)
     _, l_strides = _rows3(lse, n_rows_dims)
-    combine_kernel[(n_rows,)](
-        o_parts, lse_parts, o, lse, n_splits, head_dim, rows_1, rows_2, *o_strides, o.stride(-1), *l_strides,
-        BLOCK_S=next_power_of_2(n_splits), BLOCK_D=head_dim_block(head_dim), num_warps=COMBINE_WARPS)
-    return o, lse
+    return Launch(combine_kernel, (math.prod(rows),),
+                  (n_splits, head_dim, rows_1, rows_2, *o_strides, o.stride(-1), *l_strides),
+                  dict(BLOCK_S=next_power_of_2(n_splits), BLOCK_D=head_dim_block(head_dim)),
+                  COMBINE_WARPS, COMBINE_STAGES)

@@ -40,6 +40,8 @@ GPU_MAX_BLOCK_M = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}
 CPU_CONFIG = dict(BLOCK_N=16, MAX_BLOCK_M=16, num_warps=1, num_stages=1)
 #: warps of the combine kernel (one program per output row)
 COMBINE_WARPS = 4 if ON_GPU else 1
+#: its software-pipeline stages: it has no loop to pipeline
+COMBINE_STAGES = 1
 
 #: the split heuristic aims at this many programs per SM (a second one hides the first one's latency)
 PROGRAMS_PER_SM = 2
@@ -47,6 +49,9 @@ PROGRAMS_PER_SM = 2
 #: stages of 128-key tiles in flight, already read at the HBM copy bandwidth, and splitting them 2 or 4
 #: ways was slower (the partial outputs and the merge cost more than they gain)
 SATURATING_PROGRAMS_PER_SM = 0.45
+#: the same for a paged cache, where each tile first reads its block number: the load of a tile waits on
+#: that read, so a program keeps fewer bytes in flight and more programs are needed to cover the latency
+PAGED_SATURATING_PROGRAMS_PER_SM = 2.0
 #: flash-attn's ceiling on splits: beyond it the merge costs more than the parallelism gains
 MAX_SPLITS = 128
 #: the "SM count" of the CPU world: small, so that the interpreter runs few programs
@@ -110,7 +115,7 @@ def wave_efficiency(programs: int, slots: int) -> float:
     return waves / math.ceil(waves)
 
 
-def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int) -> int:
+def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int, paged: bool = False) -> int:
     """How many splits of the key range: enough programs to fill ``sms`` SMs, no more splits than key tiles.
 
     ``programs`` is the grid without splits (batch · K/V heads · query tiles), ``max_keys`` an
@@ -118,11 +123,13 @@ def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int) -
     ``PROGRAMS_PER_SM · sms`` programs run at once; equal programs then run in waves, and a last
     wave that is mostly empty leaves SMs idle (320 programs on 264 slots take two waves: 61%
     busy; 256 take one: 97%).  The smallest split count whose waves are within 85% of the best
-    is chosen, as flash-attn does.
+    is chosen, as flash-attn does.  A ``paged`` cache needs more programs in flight to read at
+    full bandwidth (``PAGED_SATURATING_PROGRAMS_PER_SM``).
     """
     tiles = -(-max_keys // block_n)
     slots = PROGRAMS_PER_SM * sms
-    if tiles <= 1 or programs >= SATURATING_PROGRAMS_PER_SM * sms:
+    saturating = PAGED_SATURATING_PROGRAMS_PER_SM if paged else SATURATING_PROGRAMS_PER_SM
+    if tiles <= 1 or programs >= saturating * sms:
         return 1
     candidates = range(1, min(tiles, MAX_SPLITS) + 1)
     efficiency = {s: wave_efficiency(programs * s, slots) for s in candidates}
