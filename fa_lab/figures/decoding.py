@@ -269,7 +269,7 @@ def recorded_values(df=None) -> dict:
     """The numbers the chapter's prose quotes from a ``gpu_ch9`` recording, as text; every one is
     ``NOT_RECORDED`` when ``df`` is None (no recording) or lacks it."""
     names = ("of_copy", "vs_flash", "vs_cudnn", "host_ours", "host_sdpa", "eager_ours", "eager_sdpa", "eager_worst",
-             "paged_16", "paged_256", "copy_tbs", "sweep")
+             "paged_16", "paged_256", "paged_splits", "copy_tbs", "sweep")
     values = dict.fromkeys(names, NOT_RECORDED)
     if df is None or len(df) == 0:
         return values
@@ -304,6 +304,8 @@ def recorded_values(df=None) -> dict:
             if len(same):
                 ratios.append(r["gpu_us"] / same["gpu_us"].iloc[0])
         values[f"paged_{page}"] = _range(ratios, times)
+    paged_splits = [int(v) for v in ours[ours["page_size"] > 0].get("splits", []) if v == v]
+    values["paged_splits"] = _range(paged_splits, str)
     sweep = df[(df["section"] == "splits") & (df["status"] == "ok")]
     said = []
     for _, part in sweep.groupby(["dtype", "batch", "heads", "kv_heads", "n_q", "n_k", "head_dim"], sort=False):
