@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "exercises": "fa_lab.exercises.fetch",
     "bench": "fa_lab.bench.cli",
     "correlate": "fa_lab.perf.cli",
+    "tune": "fa_lab.bench.tune",
 }
 #: the package's mask vocabulary (``fa_lab.core.registry.ALL_MASKS``)
 MASKS = ("none", "causal", "window")

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 import fa_lab
 from fa_lab import cli
@@ -410,3 +411,24 @@ print(repr((sorted({n.split("_")[0] for n in names()}), result.passed, result.fi
     # the PyTorch exercises stay (Part II's warm-ups too); the Triton kernels' chapters 4 and 5 go
     assert chapters == ["ch1", "ch10", "ch2", "ch3", "ch6", "ch8", "ch9"] and passed is False
     assert "Triton exercise" in message and "Linux" in message
+
+
+def test_tune_plans_one_problem_per_key_and_needs_a_gpu(tmp_path, capsys):
+    from fa_lab.bench import tune
+
+    args = cli.build_parser(["tune"]).parse_args(["tune", "--head-dim", "64", "256", "--mask", "causal",
+                                                  "--dtype", "bf16", "--seq-len", "512", "65536"])
+    todo = tune.problems(args)
+    assert [(p["shape"], p["causal"]) for p in todo] == [
+        ((32, 16, 512, 64), True), ((1, 16, 65536, 64), True), ((32, 16, 512, 256), True), ((1, 16, 65536, 256), True)]
+    assert {p["dtype"] for p in todo} == {torch.bfloat16}
+    shipped = tmp_path / "shipped.json"
+    shipped.write_text(json.dumps({"configs": {"GPU A": {"k1": {"BLOCK_M": 64}}}, "note": "kept"}))
+    tune.ship("GPU A", {"k2": {"BLOCK_M": 128}}, shipped)
+    tune.ship("GPU B", {"k1": {"BLOCK_M": 16}}, shipped)
+    table = json.loads(shipped.read_text())
+    assert table["note"] == "kept" and table["configs"] == {"GPU A": {"k1": {"BLOCK_M": 64}, "k2": {"BLOCK_M": 128}},
+                                                            "GPU B": {"k1": {"BLOCK_M": 16}}}
+    rc = cli.main(["tune", "--head-dim", "64", "--seq-len", "512"])
+    if not fa_lab.ON_GPU:
+        assert rc == 2 and "CUDA GPU" in capsys.readouterr().err

@@ -87,6 +87,7 @@ SOURCES = {
     "gpu_ch8": ("kernels/varlen", "kernels/triton", "flash_attn"),
     "gpu_ch9": ("kernels/decode",),
     "gpu_ch10": ("kernels/varlen", "kernels/triton", "flash_attn"),
+    "gpu_first_call": ("kernels/triton",),
     SUITE_PREFIX: (*PART_ONE_KERNELS, "bench/peers.py"),
 }
 

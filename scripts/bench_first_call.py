@@ -1,0 +1,90 @@
+"""What a user's first call costs: a fresh process, empty caches, one call of the Triton forward.
+
+    python scripts/bench_first_call.py [--out DIR]
+
+Each problem runs in a process of its own with an empty Triton kernel cache (``TRITON_CACHE_DIR``)
+and an empty fa_lab tuning cache (``FA_LAB_CACHE_DIR``), tuning on a miss left on as a user has it.
+Timed apart, wall clock with a synchronisation after each: ``import_s`` (import torch and fa_lab,
+start CUDA), ``first_s`` (the first call: finding the launch configuration, shipped or tuned now,
+and compiling the kernel) and ``second_ms`` (the same call again).  ``shipped`` says whether the
+package's table (``fa_lab/data/triton_fwd_configs.json``) holds the problem's key on this GPU.
+
+Writes gpu_first_call.json (fa_lab.bench.records format) into DIR (default fa_lab/data).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+#: (B, H, N, D, dtype, causal): shipped keys of the book's chapters, and keys a model of today meets
+PROBLEMS = [
+    (4, 16, 4096, 128, "bfloat16", True),
+    (1, 8, 512, 64, "float16", False),
+    (1, 16, 16384, 128, "bfloat16", False),
+    (4, 16, 4096, 256, "bfloat16", True),
+    (8, 16, 2048, 64, "float16", True),
+]
+
+CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+import fa_lab
+from fa_lab.core.spec import make_spec
+from fa_lab.kernels.triton import CACHE, config_key
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+t1 = time.perf_counter()
+B, H, N, D, dtype, causal = json.loads(sys.argv[1])
+q = torch.randn(B, H, N, D, device="cuda", dtype=getattr(torch, dtype))
+key = config_key(make_spec(q, q, q, causal=causal), q.dtype, "pipelined")
+shipped = key in CACHE.shipped_entries().get(torch.cuda.get_device_name(), {})
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+with torch.no_grad():
+    fa_lab.attention(q, q, q, impl="triton", causal=causal)
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+with torch.no_grad():
+    fa_lab.attention(q, q, q, impl="triton", causal=causal)
+torch.cuda.synchronize()
+t4 = time.perf_counter()
+print(json.dumps(dict(key=key, shipped=shipped, import_s=t1 - t0, first_s=t3 - t2, second_ms=(t4 - t3) * 1e3)))
+"""
+
+
+def first_call(problem) -> dict:
+    with tempfile.TemporaryDirectory() as triton_cache, tempfile.TemporaryDirectory() as fa_cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=triton_cache, FA_LAB_CACHE_DIR=fa_cache)
+        env.pop("FA_LAB_TRITON_AUTOTUNE", None)   # as a user has it: tuning on a miss
+        run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(problem)], capture_output=True, text=True,
+                             env=env, cwd=ROOT, timeout=300)
+    B, H, N, D, dtype, causal = problem
+    rec = dict(batch=B, heads=H, n_q=N, n_k=N, head_dim=D, dtype=dtype, causal=causal)
+    if run.returncode != 0:
+        return dict(rec, status=f"error: {run.stderr.strip().splitlines()[-1][:300] if run.stderr else run.returncode}")
+    return dict(rec, status="ok", **json.loads(run.stdout.strip().splitlines()[-1]))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="directory for gpu_first_call.json (default fa_lab/data)")
+    args = parser.parse_args(argv)
+    import fa_lab  # noqa: F401  (the world, for the recording's facts)
+    from fa_lab.bench import records as recorded
+
+    rows = []
+    for problem in PROBLEMS:
+        rows.append(first_call(problem))
+        print(rows[-1], flush=True)
+    path = recorded.save("gpu_first_call", rows, command="python scripts/bench_first_call.py", directory=args.out)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
