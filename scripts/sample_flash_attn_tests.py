@@ -1,4 +1,4 @@
-"""Pick a seeded sample of flash-attn's test cases, the same number from each test function.
+r"""Pick a seeded sample of flash-attn's test cases, the same number from each test function.
 
     python scripts/sample_flash_attn_tests.py COLLECTED N [--seed S] [--exclude REGEX] > ids.txt
 

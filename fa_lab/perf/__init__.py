@@ -6,6 +6,9 @@ and correlate it with what the GPU measures (``fa-lab correlate``).
 * ``roofline`` — ``predict``: a time from the counts on a device; ``attainable``: the roofline itself;
 * ``hardware`` — measuring ceilings and kernels on a GPU (SDPA backends or any registered kernel);
 * ``correlate`` — calibration shapes, report shapes, and the predicted-vs-measured table.
+
+Chapter 11 reads what the GPU did: ``ncu`` runs Nsight Compute and reads its CSV pages, ``sass`` finds a
+kernel's hot loop in its machine code (both imported by name: ``from fa_lab.perf import ncu, sass``).
 """
 from fa_lab.perf.devices import DEVICES, Device, device_names, get_device, select, sim_device_names
 from fa_lab.perf.model import (
