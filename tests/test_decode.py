@@ -423,3 +423,14 @@ def test_paged_caches_get_more_programs_before_one_split_is_enough():
     assert num_splits_heuristic(64, 8192, 128, 132, paged=True) > 1
     many = int(PAGED_SATURATING_PROGRAMS_PER_SM * 132) + 1
     assert num_splits_heuristic(many, 8192, 128, 132, paged=True) == 1
+
+
+def test_append_into_an_unmapped_page_is_refused_before_writing():
+    # pages past each sequence's length are -1 in the table: an append that crosses into one must not write
+    case = Case((16, 5), heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, page_size=8)
+    x = make_inputs(case, stable_seed("append-unmapped"))
+    new = torch.ones(2, 3, 1, 16, device=DEVICE)
+    before = x.k_cache.clone()
+    with pytest.raises(ValueError, match="outside|map to blocks"):
+        append_kv(x.k_cache, x.v_cache, new, new, x.seqlens, block_table=x.block_table)
+    assert torch.equal(torch.nan_to_num(x.k_cache, nan=7.0), torch.nan_to_num(before, nan=7.0))

@@ -22,7 +22,9 @@ def _positions(k_cache, k_new, cache_seqlens, block_table, cache_batch_idx):
         rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(B, device=k_new.device)
         return rows[:, None].expand(B, n_new), pos
     page_size = k_cache.shape[1]
-    return block_table.long().gather(1, pos // page_size), pos % page_size
+    # clamped into the table: a position past it is refused by the caller, not read out of bounds here
+    pages = (pos // page_size).clamp_max(block_table.shape[1] - 1)
+    return block_table.long().gather(1, pages), pos % page_size
 
 
 def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None, cache_batch_idx=None) -> None:
@@ -31,8 +33,10 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None
     The cache is contiguous ``(B_cache, Nk_max, Hkv, D)`` (``cache_batch_idx`` (B,) int32 picks
     each sequence's row) or paged ``(num_blocks, page_size, Hkv, D)`` with ``block_table``
     (B, max_blocks) int32.  ``cache_seqlens`` (B,) int32 is not updated.  Positions past the
-    cache's capacity raise a ValueError when the tensors are on the CPU; on a GPU they are not
-    checked (that would wait for the device).
+    cache's capacity, and rows or blocks outside the cache, raise a ValueError before anything is
+    written.  On a GPU that check reads one flag back from the device (a wait for the work queued
+    before it); while a CUDA graph is being captured it is left out, and the caller answers for
+    the positions.
     """
     device = k_cache.device if isinstance(k_cache, torch.Tensor) else None
     check_cache_tensors(k_cache, v_cache, device, k_cache.dtype if device is not None else None)
@@ -58,9 +62,16 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None
         raise ValueError(f"appending {n_new} keys at position {int(cache_seqlens[b])} (sequence {b}) overflows the "
                          f"cache's {capacity} keys per sequence")
     index = _positions(k_cache, k_new, cache_seqlens, block_table, cache_batch_idx)
-    if device.type == "cpu" and block_table is not None and not bool(
-            ((index[0] >= 0) & (index[0] < k_cache.shape[0])).all()):
-        raise ValueError(f"block_table maps the appended positions to blocks {index[0].unique().tolist()}, "
-                         f"but the cache has blocks 0..{k_cache.shape[0] - 1}")
+    outside = (index[0] < 0) | (index[0] >= k_cache.shape[0])
+    if device.type == "cpu" and bool(outside.any()):
+        raise ValueError(f"the appended positions map to {'blocks' if block_table is not None else 'cache rows'} "
+                         f"{index[0].unique().tolist()}, but the cache has 0..{k_cache.shape[0] - 1}")
+    if device.type != "cpu" and not torch.cuda.is_current_stream_capturing():
+        # one flag read back: a write past the cache would otherwise fault inside index_put_ on the device
+        overflow = cache_seqlens.max() + n_new > capacity
+        if bool(overflow | outside.any()):
+            raise ValueError(f"appending {n_new} keys overflows the cache's {capacity} keys per sequence for some "
+                             f"sequence (cache_seqlens + n_new > {capacity}), or maps a position to a "
+                             f"{'block' if block_table is not None else 'cache row'} outside 0..{k_cache.shape[0] - 1}")
     k_cache.index_put_(index, k_new)
     v_cache.index_put_(index, v_new)
