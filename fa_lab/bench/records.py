@@ -85,7 +85,9 @@ SOURCES = {
     "gpu_ch6": (*PART_ONE_KERNELS, "perf/model.py"),
     "gpu_ch6_ceilings": ("perf/hardware.py",),
     "gpu_ch8": ("kernels/varlen", "kernels/triton", "flash_attn"),
-    "gpu_ch9": ("kernels/decode",),
+    # what decode_forward runs (the recording never appends to a cache: cache.py is not in it)
+    "gpu_ch9": tuple(f"kernels/decode/{f}.py" for f in ("checks", "combine", "configs", "forward", "kernel",
+                                                         "launching")),
     "gpu_ch10": ("kernels/varlen", "kernels/triton", "flash_attn"),
     "gpu_first_call": ("kernels/triton",),
     SUITE_PREFIX: (*PART_ONE_KERNELS, "bench/peers.py"),
