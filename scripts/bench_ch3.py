@@ -15,7 +15,6 @@ Writes ``gpu_ch3.json`` (``fa_lab.bench.records`` format) into DIR (default ``fa
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -154,29 +153,17 @@ def tune() -> list[dict]:
 
 def sass(out_dir: Path) -> None:
     """Dump PTX and SASS of the default kernels, and count the instruction mix of the whole kernel."""
+    from fa_lab.perf import sass as sass_listing
+
     for D in (64, 128):
         cfg = nt.config_for(D)
         kernel = nt.build_kernel(cfg, True)
-        sig = kernel.signatures[0]
-        ptx = kernel.inspect_asm(sig)
-        p = out_dir / f"tiled{D}.ptx"
-        p.write_text(ptx)
+        (out_dir / f"tiled{D}.ptx").write_text(kernel.inspect_asm(kernel.signatures[0]))
         try:
-            subprocess.run(["ptxas", "-arch=sm_90", "-O3", str(p), "-o", str(out_dir / f"tiled{D}.cubin")],
-                           check=True, capture_output=True, text=True)
-            s = subprocess.run(["cuobjdump", "-sass", str(out_dir / f"tiled{D}.cubin")], check=True,
-                               capture_output=True, text=True).stdout
+            s = sass_listing.numba_sass(kernel)
             (out_dir / f"tiled{D}.sass").write_text(s)
-            ops = {}
-            for line in s.splitlines():
-                parts = line.split("*/")
-                if len(parts) > 1 and "/*" in parts[0]:
-                    op = parts[1].strip().split(" ")[0].split(".")[0].lstrip("@!P0123456789T ")
-                    if op:
-                        ops[op] = ops.get(op, 0) + 1
-            top = sorted(ops.items(), key=lambda x: -x[1])[:14]
+            top = sass_listing.op_counts(sass_listing.parse(s)).most_common(14)
             print(f"SASS D={D}: " + ", ".join(f"{k}:{v}" for k, v in top), flush=True)
-            (out_dir / f"tiled{D}.cubin").unlink()
         except Exception as exc:
             print(f"SASS D={D}: {type(exc).__name__}: {exc}", flush=True)
 
@@ -199,24 +186,32 @@ def hbm_launches() -> None:
             torch.cuda.synchronize()
 
 
+def launch_metrics(text: str) -> dict[int, dict]:
+    """``{launch id: {"kernel": name, metric: value}}`` from ncu's ``--csv`` output (ValueError if none)."""
+    from fa_lab.perf import ncu
+
+    launches: dict[int, dict] = {}
+    for r in ncu.read_details(text).itertuples():
+        one = launches.setdefault(int(r.id), dict(kernel=r.kernel_name.split("(")[0][-60:]))
+        one[r.metric] = float(r.value)
+    if not launches:
+        raise ValueError("no launch in ncu's output")
+    return launches
+
+
 def hbm(out_dir) -> list[dict]:
     """Bytes read from / written to HBM (DRAM) and moved through L2, per kernel, from Nsight Compute."""
-    import csv
-    import io
-
     from fa_lab.core.flops import attention_flops
+    from fa_lab.perf import ncu
 
-    cmd = ["ncu", "--csv", "--print-units", "base", "--metrics", ",".join(HBM_METRICS), "-k", HBM_KERNELS,
-           sys.executable, str(Path(__file__).resolve()), "--hbm-launches"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
-    rows = [line for line in run.stdout.splitlines() if line.startswith('"')]
-    if not rows:
+    cmd = [ncu.find_ncu() or "ncu", "--csv", "--print-units", "base", "--metrics", ",".join(HBM_METRICS), "-k",
+           HBM_KERNELS, sys.executable, str(Path(__file__).resolve()), "--hbm-launches"]
+    run = ncu.run(cmd, timeout=420)
+    try:
+        launches = launch_metrics(run.stdout)
+    except ValueError:
         print("ncu gave no rows:", run.returncode, run.stdout[-2000:], run.stderr[-2000:], flush=True)
         return [dict(section="hbm", status=f"error: ncu rc={run.returncode}")]
-    launches: dict[int, dict] = {}
-    for r in csv.DictReader(io.StringIO("\n".join(rows))):
-        one = launches.setdefault(int(r["ID"]), dict(kernel=r["Kernel Name"].split("(")[0][-60:]))
-        one[r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
     order = [launches[i] for i in sorted(launches)]
     expected = [impl for impl, n in HBM_PLAN for _ in range(n)] * 2
     if len(order) != len(expected):
