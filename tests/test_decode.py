@@ -415,14 +415,30 @@ def test_strided_lengths_and_block_table_are_read_as_their_values():
     check(case, x, o, lse, "strided lengths and block table")
 
 
-def test_paged_caches_get_more_programs_before_one_split_is_enough():
-    from fa_lab.kernels.decode.configs import PAGED_SATURATING_PROGRAMS_PER_SM
+def test_gathered_pages_get_more_programs_before_one_split_is_enough():
+    from fa_lab.kernels.decode.configs import GATHER_SATURATING_PROGRAMS_PER_SM
 
-    # (B, Hkv) = (8, 8) on 132 SMs: enough programs for a contiguous cache, too few for a paged one
+    # (B, Hkv) = (8, 8) on 132 SMs: enough programs for a contiguous cache, too few when every key gathers
     assert num_splits_heuristic(64, 8192, 128, 132) == 1
-    assert num_splits_heuristic(64, 8192, 128, 132, paged=True) > 1
-    many = int(PAGED_SATURATING_PROGRAMS_PER_SM * 132) + 1
-    assert num_splits_heuristic(many, 8192, 128, 132, paged=True) == 1
+    assert num_splits_heuristic(64, 8192, 128, 132, gather=True) > 1
+    many = int(GATHER_SATURATING_PROGRAMS_PER_SM * 132) + 1
+    assert num_splits_heuristic(many, 8192, 128, 132, gather=True) == 1
+
+
+@pytest.mark.parametrize("page_size", [0, 16, 5])
+def test_int64_offsets_give_the_same_answer(page_size, monkeypatch):
+    # caches past 2^31 elements take int64 offsets; a limit of 0 sends these small ones down that path
+    import fa_lab.kernels.decode.forward as forward
+
+    case = Case((37, 3, 20), n_q=2, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, page_size=page_size,
+                splits=2, right=0)
+    x = make_inputs(case, stable_seed("offs64", page_size))
+    monkeypatch.setattr(forward, "OFFS32_LIMIT", 0)
+    monkeypatch.setattr(forward, "_PLANS", {})   # no plan made under the usual limit
+    o, lse = run(case, x)
+    assert not forward.decode_plan(x.q, x.k_cache, x.v_cache, cache_seqlens=x.seqlens,
+                                   block_table=x.block_table).split_kv.meta["OFFS32"]
+    check(case, x, o, lse, f"int64 offsets, page_size={page_size}")
 
 
 def test_append_into_an_unmapped_page_is_refused_before_writing():

@@ -33,7 +33,7 @@ EXPECTED = {
     "split_kv_grid": ["q tile", "program: split 0", "program: split 3", r"\mathrm{lse}_3", "combine:",
                       "o, lse of each row"],
     "wave_efficiency": ["8 programs before splitting", "64 programs before splitting", "85% of the best",
-                        "heuristic: S = 29", "heuristic: S = 1", "132 SMs × 2 slots = 264"],
+                        "heuristic: S = 15", "heuristic: S = 1", "132 SMs, 1 resident per SM: 132 slots"],
     "paged_cache": ["seq 0: 40 tokens", "p0 →", "free", "block_table[b, j // page_size]", "physical blocks"],
 }
 KWARGS = {"wave_efficiency": dict(programs=(8, 64), keys=65536, max_splits=40)}
@@ -99,7 +99,7 @@ def test_wave_figure_draws_the_model_and_marks_the_heuristics_choice(programs):
     fig = decoding.wave_efficiency(programs=programs, keys=65536, max_splits=30)
     for ax, p in zip(fig.axes, programs):
         bars = [r for r in ax.patches if r.get_width() > 0]
-        assert [round(r.get_height(), 12) for r in bars] == [round(wave_efficiency(p * s, 264), 12)
+        assert [round(r.get_height(), 12) for r in bars] == [round(wave_efficiency(p * s, 132), 12)
                                                               for s in range(1, 31)]
         chosen = num_splits_heuristic(p, 65536, 64, 132)
         green = to_rgb(palette().green)

@@ -121,7 +121,7 @@ def split_kv_grid(n_splits: int = 4, tiles_per_split: int = 3, *, theme: str = "
 
 # --------------------------------------------------------------------------- 3. waves
 
-def wave_efficiency(programs=(64, 512), *, sms: int = 132, programs_per_sm: int = 2, keys: int = 8192,
+def wave_efficiency(programs=(8, 64), *, sms: int = 132, programs_per_sm: int | None = None, keys: int = 8192,
                     block_n: int = 64, max_splits: int = 24, theme: str = "light") -> Figure:
     """For each grid size without splits, the busy share of the GPU's program slots against the split count,
     the heuristic's choice (``fa_lab.kernels.decode.configs.num_splits_heuristic``) highlighted."""
@@ -129,6 +129,7 @@ def wave_efficiency(programs=(64, 512), *, sms: int = 132, programs_per_sm: int 
     from fa_lab.kernels.decode.configs import wave_efficiency as efficiency
 
     th = palette(theme)
+    programs_per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
     slots = programs_per_sm * sms
     fig, axes = new_plot(th, (4.3 * len(programs), 3.5), ncols=len(programs), squeeze=False)
     for ax, p in zip(axes[0], programs):
@@ -147,7 +148,7 @@ def wave_efficiency(programs=(64, 512), *, sms: int = 132, programs_per_sm: int 
         ax.set(ylim=(0, 1.25), xlim=(0.3, max_splits + 0.7))
         style_axes(ax, th, xlabel="splits S", ylabel="busy share of the waves" if ax is axes[0][0] else "",
                    title=f"{p} programs before splitting")
-    fig.suptitle(f"waves of programs on {sms} SMs × {programs_per_sm} slots = {slots}", color=th.ink,
+    fig.suptitle(f"waves of programs on {sms} SMs, {programs_per_sm} resident per SM: {slots} slots", color=th.ink,
                  fontsize=FONT_SIZE)
     return fig
 

@@ -43,15 +43,24 @@ COMBINE_WARPS = 4 if ON_GPU else 1
 #: its software-pipeline stages: it has no loop to pipeline
 COMBINE_STAGES = 1
 
-#: the split heuristic aims at this many programs per SM (a second one hides the first one's latency)
-PROGRAMS_PER_SM = 2
+#: programs resident on one SM at a time, the slots the split heuristic fills: the table's configurations
+#: keep two stages of 64 KiB of K and V in shared memory, and an H100 SM has 228 KiB (a second program waits)
+PROGRAMS_PER_SM = 1
 #: programs per SM from which one split is enough: on the H100 64 programs over 132 SMs, each with three
 #: stages of 128-key tiles in flight, already read at the HBM copy bandwidth, and splitting them 2 or 4
 #: ways was slower (the partial outputs and the merge cost more than they gain)
 SATURATING_PROGRAMS_PER_SM = 0.45
-#: the same for a paged cache, where each tile first reads its block number: the load of a tile waits on
-#: that read, so a program keeps fewer bytes in flight and more programs are needed to cover the latency
-PAGED_SATURATING_PROGRAMS_PER_SM = 2.0
+#: the same for a cache whose pages are smaller than a key tile: every key loads its own block number, and
+#: these loads and their address arithmetic slow each program's loop (issue-bound at 4 warps per SM), so the
+#: H100 read such a cache fastest with twice the programs (16-token pages; pages that hold whole tiles
+#: keep the contiguous cache's rule)
+GATHER_SATURATING_PROGRAMS_PER_SM = 1.0
+#: software-pipeline stages a paged cache adds: a tile's K and V loads wait on a load from the block table,
+#: and Triton's pipeliner gives each level of such indirection its share of the stages, so two more stages
+#: keep two tiles of K and V in flight, as the contiguous loop does with the table's stages
+PAGED_EXTRA_STAGES = 2
+#: element offsets into a cache are int32 when its largest one is below this (int64 otherwise)
+OFFS32_LIMIT = 2 ** 31
 #: flash-attn's ceiling on splits: beyond it the merge costs more than the parallelism gains
 MAX_SPLITS = 128
 #: the "SM count" of the CPU world: small, so that the interpreter runs few programs
@@ -69,11 +78,11 @@ def head_dim_block(head_dim: int) -> int:
     return max(MIN_TILE, next_power_of_2(head_dim))
 
 
-def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None) -> dict:
+def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None, paged: bool = False) -> dict:
     """The split-KV kernel's launch configuration for a head dim and the element size it computes in.
 
-    A dict with ``BLOCK_N``, ``MAX_BLOCK_M``, ``num_warps`` and ``num_stages``; ``overrides``
-    replaces some of them (a tuning run), checked here.
+    A dict with ``BLOCK_N``, ``MAX_BLOCK_M``, ``num_warps`` and ``num_stages`` (``PAGED_EXTRA_STAGES``
+    more for a ``paged`` cache); ``overrides`` replaces some of them (a tuning run), checked here.
     """
     if not ON_GPU:
         cfg = dict(CPU_CONFIG)
@@ -82,6 +91,7 @@ def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None) -
         block_n, warps, stages = GPU_TABLE[block_d]
         if itemsize > 2:   # fp32: the same bytes per tile
             block_n = max(MIN_TILE, block_n * 2 // itemsize)
+        stages += PAGED_EXTRA_STAGES if paged else 0
         cfg = dict(BLOCK_N=block_n, MAX_BLOCK_M=GPU_MAX_BLOCK_M[block_d], num_warps=warps, num_stages=stages)
     for key, value in (overrides or {}).items():
         if key not in cfg:
@@ -115,20 +125,20 @@ def wave_efficiency(programs: int, slots: int) -> float:
     return waves / math.ceil(waves)
 
 
-def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int, paged: bool = False) -> int:
+def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int, gather: bool = False) -> int:
     """How many splits of the key range: enough programs to fill ``sms`` SMs, no more splits than key tiles.
 
     ``programs`` is the grid without splits (batch · K/V heads · query tiles), ``max_keys`` an
     upper bound on the keys one query tile sees (known on the host without reading the lengths).
     ``PROGRAMS_PER_SM · sms`` programs run at once; equal programs then run in waves, and a last
-    wave that is mostly empty leaves SMs idle (320 programs on 264 slots take two waves: 61%
-    busy; 256 take one: 97%).  The smallest split count whose waves are within 85% of the best
-    is chosen, as flash-attn does.  A ``paged`` cache needs more programs in flight to read at
-    full bandwidth (``PAGED_SATURATING_PROGRAMS_PER_SM``).
+    wave that is mostly empty leaves SMs idle (160 programs on 132 slots take two waves: 61%
+    busy; 128 take one: 97%).  The smallest split count whose waves are within 85% of the best
+    is chosen, as flash-attn does.  A paged cache whose keys each ``gather`` their block number
+    needs more programs to read at full bandwidth (``GATHER_SATURATING_PROGRAMS_PER_SM``).
     """
     tiles = -(-max_keys // block_n)
     slots = PROGRAMS_PER_SM * sms
-    saturating = PAGED_SATURATING_PROGRAMS_PER_SM if paged else SATURATING_PROGRAMS_PER_SM
+    saturating = GATHER_SATURATING_PROGRAMS_PER_SM if gather else SATURATING_PROGRAMS_PER_SM
     if tiles <= 1 or programs >= saturating * sms:
         return 1
     candidates = range(1, min(tiles, MAX_SPLITS) + 1)

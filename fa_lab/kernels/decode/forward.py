@@ -20,8 +20,9 @@ import torch
 from fa_lab.core.world import ON_GPU
 from fa_lab.kernels.decode.checks import DecodeProblem, check_decode, check_out
 from fa_lab.kernels.decode.combine import combine_launch
-from fa_lab.kernels.decode.configs import decode_config, head_dim_block, num_splits_heuristic, query_block, sm_count
-from fa_lab.kernels.decode.kernel import LOG2E, decode_split_kv, layout_of
+from fa_lab.kernels.decode.configs import (OFFS32_LIMIT, decode_config, head_dim_block, num_splits_heuristic,
+                                           query_block, sm_count)
+from fa_lab.kernels.decode.kernel import LOG2E, PAGE_GATHER, decode_split_kv, layout_of
 from fa_lab.kernels.decode.launching import Launch, run
 
 #: the largest grid size along CUDA's second and third axes (splits, query tiles)
@@ -70,19 +71,25 @@ def signature(q, k_cache, v_cache, cache_seqlens, block_table, cache_batch_idx, 
     return (*map(_tensor_signature, tensors), *((type(x), x) for x in numbers), torch.is_grad_enabled())
 
 
+def largest_offset(t: torch.Tensor) -> int:
+    """The largest element offset from ``t``'s first element to any of its elements (from shape and strides)."""
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
 def plan_decode(p: DecodeProblem, q, k_cache, v_cache, o_work, lse, *, cache_seqlens, block_table, cache_batch_idx,
                 slopes, config) -> Plan:
     """The launches of one checked problem, from the shapes and strides of its tensors (not their data)."""
     B, Nq, H, D = q.shape
     device = q.device
     work = o_work.dtype
-    cfg = decode_config(D, work.itemsize, config)
+    cfg = decode_config(D, work.itemsize, config, paged=p.paged)
     block_n = cfg["BLOCK_N"]
+    layout = layout_of(p.page_size, block_n)
     rows = p.group * Nq
     block_m = query_block(rows, cfg["MAX_BLOCK_M"])
     m_tiles = math.ceil(rows / block_m)
     splits = p.num_splits or num_splits_heuristic(B * p.kv_heads * m_tiles, p.max_keys, block_n, sm_count(device),
-                                                  paged=p.paged)
+                                                  gather=layout == PAGE_GATHER)
     if max(splits, m_tiles) > GRID_LIMIT:
         raise ValueError(f"{splits} splits and {m_tiles} query tiles of {block_m} rows: a CUDA grid holds at most "
                          f"{GRID_LIMIT} of each (fewer splits, or fewer queries per call)")
@@ -98,10 +105,11 @@ def plan_decode(p: DecodeProblem, q, k_cache, v_cache, o_work, lse, *, cache_seq
     )
     meta = dict(
         HEAD_DIM=D, BLOCK_D=head_dim_block(D), BLOCK_M=block_m, BLOCK_N=block_n,
-        LAYOUT=layout_of(p.page_size, block_n), PAGE_SIZE=max(p.page_size, 1),
+        LAYOUT=layout, PAGE_SIZE=max(p.page_size, 1),
         HAS_SEQLENS=cache_seqlens is not None, HAS_BATCH_IDX=cache_batch_idx is not None,
         HAS_LEFT=p.left >= 0, HAS_RIGHT=p.right >= 0, HAS_SOFTCAP=p.softcap > 0, HAS_ALIBI=slopes is not None,
         SPLIT=splits > 1, PRECISION="ieee" if work == torch.float32 else None,
+        OFFS32=max(largest_offset(k_cache), largest_offset(v_cache)) < OFFS32_LIMIT,
     )
     split_kv = Launch(decode_split_kv, (B * p.kv_heads, splits, m_tiles), scalars, meta, cfg["num_warps"],
                       cfg["num_stages"])

@@ -42,29 +42,35 @@ def tanh(x):
 
 @triton.jit
 def kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, SEQ_BLOCKS, stride_kb, stride_kn, stride_vb, stride_vn,
-                   LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Element offsets (int64) of the K and V rows of keys ``start_n + offs_n`` of one sequence.
+                   LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, OFFS32: tl.constexpr):
+    """Element offsets of the K and V rows of keys ``start_n + offs_n`` of one sequence.
 
     ``k_seq``/``v_seq`` are the sequence's row offsets in a contiguous cache; ``SEQ_BLOCKS``
-    points at its row of the block table in a paged one.
+    points at its row of the block table in a paged one.  The offsets are int32 when every
+    element of the caches is within 2^31 of its start (``OFFS32``), int64 otherwise: one
+    multiply-add per row instead of a 64-bit chain, in a loop bound by how fast it issues.
     """
     # region: paged
     if LAYOUT == 0:
         # contiguous: the sequence's keys are consecutive rows of its cache row
-        cols = (start_n + offs_n).to(tl.int64)
-        k_rows = k_seq + cols * stride_kn
-        v_rows = v_seq + cols * stride_vn
+        rows = start_n + offs_n
     elif LAYOUT == 1:
         # the tile lies in one page (PAGE_SIZE % BLOCK_N == 0 and tiles start at multiples of BLOCK_N)
-        block = tl.load(SEQ_BLOCKS + start_n // PAGE_SIZE).to(tl.int64)
-        rows = (start_n % PAGE_SIZE + offs_n).to(tl.int64)
-        k_rows = block * stride_kb + rows * stride_kn
-        v_rows = block * stride_vb + rows * stride_vn
+        block = tl.load(SEQ_BLOCKS + start_n // PAGE_SIZE)
+        rows = start_n % PAGE_SIZE + offs_n
     else:
         # any page size: each key looks up its own block (pages past the length are not read)
         cols = start_n + offs_n
-        block = tl.load(SEQ_BLOCKS + cols // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-        rows = (cols % PAGE_SIZE).to(tl.int64)
+        block = tl.load(SEQ_BLOCKS + cols // PAGE_SIZE, mask=key_ok, other=0)
+        rows = cols % PAGE_SIZE
+    if not OFFS32:
+        rows = rows.to(tl.int64)
+        if LAYOUT != 0:
+            block = block.to(tl.int64)
+    if LAYOUT == 0:
+        k_rows = k_seq + rows * stride_kn
+        v_rows = v_seq + rows * stride_vn
+    else:
         k_rows = block * stride_kb + rows * stride_kn
         v_rows = block * stride_vb + rows * stride_vn
     # endregion: paged
@@ -84,7 +90,7 @@ def decode_split_kv(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, OFFS32: tl.constexpr,
 ):
     """Grid ``(batch · kv_heads, splits, query tiles)``.
 
@@ -135,16 +141,14 @@ def decode_split_kv(
     stop = tl.minimum(start + tiles_per_split * BLOCK_N, hi)
     # endregion: split-range
 
-    if LAYOUT == 0:
-        if HAS_BATCH_IDX:
-            cache_row = tl.load(BATCH_IDX + b).to(tl.int64)
-        else:
-            cache_row = b64
-        k_seq = cache_row * stride_kb
-        v_seq = cache_row * stride_vb
+    if HAS_BATCH_IDX:
+        cache_row = tl.load(BATCH_IDX + b)
     else:
-        k_seq = b64 * 0
-        v_seq = b64 * 0
+        cache_row = b
+    if not OFFS32:
+        cache_row = cache_row.to(tl.int64)
+    k_seq = cache_row * stride_kb   # (only a contiguous cache reads these)
+    v_seq = cache_row * stride_vb
     seq_blocks = BLOCK_TABLE + b64 * stride_bt
     k_head = K + kvh.to(tl.int64) * stride_kh
     v_head = V + kvh.to(tl.int64) * stride_vh
@@ -163,7 +167,7 @@ def decode_split_kv(
         cols = start_n + offs_n
         key_ok = cols < hi     # only the range's last tile is partial
         k_rows, v_rows = kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, seq_blocks, stride_kb, stride_kn,
-                                        stride_vb, stride_vn, LAYOUT=LAYOUT, PAGE_SIZE=PAGE_SIZE)
+                                        stride_vb, stride_vn, LAYOUT=LAYOUT, PAGE_SIZE=PAGE_SIZE, OFFS32=OFFS32)
         if HEAD_DIM == BLOCK_D:
             kv_mask = key_ok[:, None]   # a mask constant along D: the loads stay 16-byte vectors
         else:
