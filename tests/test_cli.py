@@ -335,12 +335,14 @@ def test_the_wheel_carries_the_exercises(tmp_path):
     subprocess.run([str(bindir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, capture_output=True, timeout=600)
     target = tmp_path / "x"
+    installed = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}   # the wheel's fa_lab, not a checkout's
     done = subprocess.run([str(bindir / "fa-lab"), "exercises", "fetch", str(target)], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+                          text=True, timeout=300, cwd=tmp_path, env=installed)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in target.glob("*.ipynb")) == shipped
     assert str(venv) in subprocess.run([str(bindir / "python"), "-c", "import fa_lab; print(fa_lab.__file__)"],
-                                       capture_output=True, text=True, cwd=tmp_path, timeout=300).stdout
+                                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                                       env=installed).stdout
 
 
 # ---------------------------------------------------------------------------- Makefile

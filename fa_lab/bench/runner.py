@@ -299,7 +299,14 @@ def table(records, *, title=None, console=None):
         t.box, t.show_edge = box.SIMPLE_HEAD, False
         for column in t.columns:   # a narrow terminal folds a long word rather than cutting it off
             column.overflow = "fold"
-        t.columns[0].no_wrap = True   # the names are narrowed last: the headers of the others wrap first
+        # where the terminal has room, neither the names nor a word of a header (a unit: MFLOP/s) is cut;
+        # the values fold first
+        t.columns[0].no_wrap = True
+        whole = [max(len(str(r["impl"])) for r in measured)] + [
+            max((len(word) for word in str(c.header).split()), default=1) for c in t.columns[1:]]
+        if sum(whole) + 2 * len(whole) <= console.width:
+            for column, width in zip(t.columns, whole):
+                column.min_width = width
         console.print(t)
     unmeasured = why_not(records)
     if unmeasured:
