@@ -11,6 +11,12 @@ One ``ncu`` run profiles one launch of each kernel, after two warm-up calls, at 
 * ``decode``: chapter 9's split-KV kernel (and its merge, when it splits), (B, Hq, Hkv, Nq, Nk, D) =
   (8, 32, 8, 1, 8192, 128) fp16.
 
+The paged-cache study is a recording of its own, the same decoding problem over 256-key pages with one split:
+``paged_3_stages_int64`` (the loop as it first was), ``paged_5_stages_int64`` and ``paged`` (as shipped)::
+
+    python scripts/profile_ncu.py --cases paged_3_stages_int64,paged_5_stages_int64,paged \
+        --out fa_lab/data/profile_paged_decode
+
 The profiled program warms every case up, then calls ``cudaProfilerStart`` (``--profile-from-start off``)
 and runs each case once; ``-k`` keeps the kernels above.  Sections: speed of light and its roofline,
 memory workload (with its tables and chart), compute workload, warp state, occupancy, launch and scheduler
@@ -59,7 +65,21 @@ CASES = {
                         kernels=("flash_attention_fwd",)),
     "decode": dict(impl="triton_decode", shape=(8, 32, 8, 1, 8192, 128), dtype="float16", causal=False,
                    kernels=("decode_split_kv", "combine_kernel")),
+    # the paged-cache study (chapter 9's pages of 256 keys, one split): the loop as it first was, three
+    # stages and int64 offsets; five stages; and as shipped (five stages, int32 offsets)
+    "paged_3_stages_int64": dict(impl="triton_decode", shape=(8, 32, 8, 1, 8192, 128), dtype="float16",
+                                 causal=False, page_size=256, splits=1, num_stages=3, offs32=False,
+                                 kernels=("decode_split_kv",)),
+    "paged_5_stages_int64": dict(impl="triton_decode", shape=(8, 32, 8, 1, 8192, 128), dtype="float16",
+                                 causal=False, page_size=256, splits=1, num_stages=5, offs32=False,
+                                 kernels=("decode_split_kv",)),
+    "paged": dict(impl="triton_decode", shape=(8, 32, 8, 1, 8192, 128), dtype="float16", causal=False,
+                  page_size=256, splits=1, kernels=("decode_split_kv",)),
 }
+#: the cases of the chapter's main recording (the rest: ``PAGED_STUDY``, recorded apart)
+DEFAULT_CASES = ("fwd", "fwd_causal", "bwd_causal", "numba_tiled", "decode")
+#: ``--cases`` of the paged-cache study, written to ``fa_lab/data/profile_paged_decode``
+PAGED_STUDY = ("paged_3_stages_int64", "paged_5_stages_int64", "paged")
 #: kernels that may not run: decode merges its splits only when the heuristic splits
 OPTIONAL = {"combine_kernel"}
 KERNELS = "regex:attn_fwd|bwd_dkdv|bwd_dq|flash_attention_fwd|decode_split_kv|combine_kernel"
@@ -130,14 +150,32 @@ def build(name: str):
                               share_kv=cfg.share_kv)
         return (lambda: fa_lab.attention(q, k, v, impl="numba_tiled", causal=c["causal"])), info, \
             (lambda: {"flash_attention_fwd": sass.numba_sass(tiled.build_kernel(cfg, True))})
-    from fa_lab.kernels.decode import combine, decode_forward, kernel
-    from fa_lab.kernels.decode.configs import decode_config
+    from fa_lab.kernels.decode import combine, decode_forward, forward, kernel
 
     g = torch.Generator().manual_seed(3)
     q = torch.randn(B, Nq, H, D, generator=g).to(fa_lab.DEVICE, dtype)
     k_cache, v_cache = (torch.randn(B, Nk, Hkv, D, generator=g).to(fa_lab.DEVICE, dtype) for _ in range(2))
-    info["config"] = decode_config(D, q.element_size())
-    return (lambda: decode_forward(q, k_cache, v_cache, scale=None)), info, \
+    cache = {}
+    if c.get("page_size"):
+        from bench_ch9 import paged   # chapter 9's recording script: the same pool of pages at random places
+
+        k_cache, v_cache, table = paged(k_cache, v_cache, c["page_size"])
+        cache = dict(block_table=table, cache_seqlens=torch.full((B,), Nk, dtype=torch.int32, device=q.device))
+    overrides = {"num_stages": c["num_stages"]} if "num_stages" in c else None
+    limit = forward.OFFS32_LIMIT if c.get("offs32", True) else 0   # a limit of 0: int64 offsets
+
+    def call():
+        saved, forward.OFFS32_LIMIT = forward.OFFS32_LIMIT, limit
+        try:
+            return decode_forward(q, k_cache, v_cache, scale=None, num_splits=c.get("splits", 0), config=overrides,
+                                  **cache)
+        finally:
+            forward.OFFS32_LIMIT = saved
+    plan = forward.decode_plan(q, k_cache, v_cache, num_splits=c.get("splits", 0), config=overrides, **cache)
+    info["config"] = dict(BLOCK_N=plan.split_kv.meta["BLOCK_N"], num_warps=plan.split_kv.num_warps,
+                          num_stages=plan.split_kv.num_stages, splits=plan.splits, page_size=c.get("page_size", 0),
+                          int32_offsets=bool(limit))
+    return call, info, \
         _new_kernels({"decode_split_kv": kernel.decode_split_kv, "combine_kernel": combine.combine_kernel})
 
 
@@ -391,7 +429,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="directory for gpu_profile.json and ncu/ (default: fa_lab/data)")
     parser.add_argument("--quick", action="store_true", help="five sections instead of eleven")
-    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                        help=f"comma-separated, of {', '.join(CASES)} (default: {', '.join(DEFAULT_CASES)}; "
+                             f"the paged-cache study: {','.join(PAGED_STUDY)} --out fa_lab/data/profile_paged_decode)")
     parser.add_argument("--keep-report", default=None, help="also copy ncu's report (.ncu-rep) to this path")
     parser.add_argument("--smoke", action="store_true", help="no GPU, no ncu: check the script on samples")
     parser.add_argument("--launches", default=None, help=argparse.SUPPRESS)

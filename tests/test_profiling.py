@@ -619,9 +619,29 @@ def test_plan_follows_cases_and_filter_names_every_kernel():
     kernels = {k for c in mod.CASES.values() for k in c["kernels"]}
     assert all(k in mod.KERNELS for k in kernels) and "bwd_preprocess" not in mod.KERNELS
     assert mod.plan(["decode"]) == [("decode", "decode_split_kv", False), ("decode", "combine_kernel", True)]
-    assert {c: dict(spec, shape=list(spec["shape"]), kernels=list(spec["kernels"])) for c, spec in mod.CASES.items()} \
-        == META["cases"]     # the recording is of the cases the script runs
+    as_recorded = {c: dict(spec, shape=list(spec["shape"]), kernels=list(spec["kernels"]))
+                   for c, spec in mod.CASES.items()}
+    # each recording is of the cases the script runs: the chapter's, and the paged-cache study's
+    assert {c: as_recorded[c] for c in mod.DEFAULT_CASES} == META["cases"]
+    assert set(mod.DEFAULT_CASES) | set(mod.PAGED_STUDY) == set(mod.CASES)
 
+
+
+def test_the_paged_study_is_of_its_cases_and_shows_what_the_chapter_says():
+    mod = script()
+    study = ncu.load(DATA_DIR / profiling.PAGED_STUDY_DIR)
+    assert study is not None and list(study.meta["cases"]) == list(mod.PAGED_STUDY)
+    assert {c: dict(spec, shape=list(spec["shape"]), kernels=list(spec["kernels"]))
+            for c, spec in mod.CASES.items() if c in mod.PAGED_STUDY} == study.meta["cases"]
+    df, values = profiling.paged_study(study)
+    first, five, shipped = (df.set_index("case").loc[c] for c in mod.PAGED_STUDY)
+    assert (first["stages"], five["stages"], shipped["stages"]) == (3, 5, 5)
+    assert (first["offsets"], five["offsets"], shipped["offsets"]) == ("int64", "int64", "int32")
+    # two stages more, twice the shared memory (two K/V buffers, not one); int32 offsets, fewer instructions
+    assert 1.7 < five["smem_KiB"] / first["smem_KiB"] < 2.1
+    assert shipped["instructions"] < five["instructions"] and shipped["time_us"] < five["time_us"] < first["time_us"]
+    assert ncu.NOT_RECORDED not in values.values() and values["paged_smem_first"].endswith("KiB")
+    assert profiling.paged_study(None) == (None, {k: ncu.NOT_RECORDED for k in profiling.PAGED_VALUES})
 
 # ---------------------------------------------------------------------------- the notebook
 
@@ -707,16 +727,17 @@ def test_capture_drives_ncu_and_records_its_pages(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     out = tmp_path / "out"
-    path = mod.capture(out, list(mod.CASES), quick=False, keep_report=None, command="python scripts/profile_ncu.py")
+    cases = list(mod.DEFAULT_CASES)   # the chapter's recording: the fake ncu replays its pages
+    path = mod.capture(out, cases, quick=False, keep_report=None, command="python scripts/profile_ncu.py")
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     profiled = next(c for c in calls if "-o" in c)
     assert profiled[:4] == ["--profile-from-start", "off", "--clock-control", "none"]
     assert profiled[profiled.index("-k") + 1] == mod.KERNELS
-    assert profiled[profiled.index("-c") + 1] == str(len(mod.plan(list(mod.CASES))))
+    assert profiled[profiled.index("-c") + 1] == str(len(mod.plan(cases)))
     assert [profiled[i + 1] for i, a in enumerate(profiled) if a == "--section"] == mod.SECTIONS
     metrics = profiled[profiled.index("--metrics") + 1].split(",")
     assert "dram__bytes_read.sum" in metrics and "sm__inst_executed_pipe_xu.sum" not in metrics   # not listed
-    assert profiled[profiled.index("--launches") + 1] == ",".join(mod.CASES)
+    assert profiled[profiled.index("--launches") + 1] == ",".join(cases)
     assert sum("-i" in c for c in calls) == 2
     meta, rows = json.loads(path.read_text()).values()
     assert meta["ncu_version"] == version and meta["statuses"]["ncu"] == "ok" and meta["statuses"]["cases"] == "ok"

@@ -372,6 +372,41 @@ def recorded_values(profile, device: str = "H100") -> dict:
     return values
 
 
+# ----------------------------------------------------------------------------- the paged-cache study
+
+#: the study's recording, a folder of ``fa_lab/data`` laid out as the chapter's (``scripts/profile_ncu.py``)
+PAGED_STUDY_DIR = "profile_paged_decode"
+#: the glue names ``paged_study`` fills (``ch11_`` in front)
+PAGED_VALUES = ("paged_smem_first", "paged_smem_five", "paged_dram_first", "paged_dram_five", "paged_dram_shipped",
+                "paged_us_first", "paged_us_five", "paged_us_shipped", "paged_inst_cut", "paged_time_cut")
+_PAGED_ORDER = ("paged_3_stages_int64", "paged_5_stages_int64", "paged")
+
+
+def paged_study(profile) -> tuple[pd.DataFrame | None, dict]:
+    """The paged-cache study's three launches side by side, and the values the chapter quotes from them
+    (``NOT_RECORDED`` each, and no table, without a recording)."""
+    values = {k: NOT_RECORDED for k in PAGED_VALUES}
+    if profile is None:
+        return None, values
+    df = profile.launches().set_index("case").reindex(list(_PAGED_ORDER)).dropna(subset=["id"])
+    if len(df) < len(_PAGED_ORDER):
+        return None, values
+    inst = profile.raw[profile.raw["metric"] == "smsp__inst_executed.sum"].set_index("id")["value"]
+    cfg = [config(r) for _, r in df.iterrows()]
+    df = df.assign(stages=[c.get("num_stages") for c in cfg],
+                   offsets=["int32" if c.get("int32_offsets") else "int64" for c in cfg],
+                   smem_KiB=(df["smem_dynamic"].fillna(0) + df["smem_static"].fillna(0)) / 1024,
+                   instructions=df["id"].map(inst), time_us=df["duration_s"] * 1e6, dram=df["dram_pct"] / 100)
+    first, five, shipped = (df.loc[c] for c in _PAGED_ORDER)
+    values.update(paged_smem_first=f"{first['smem_KiB']:.0f} KiB", paged_smem_five=f"{five['smem_KiB']:.0f} KiB",
+                  paged_dram_first=_pct(first["dram_pct"]), paged_dram_five=_pct(five["dram_pct"]),
+                  paged_dram_shipped=_pct(shipped["dram_pct"]), paged_us_first=f"{first['time_us']:.0f} µs",
+                  paged_us_five=f"{five['time_us']:.0f} µs", paged_us_shipped=f"{shipped['time_us']:.0f} µs",
+                  paged_inst_cut=_pct(100 * (1 - shipped["instructions"] / five["instructions"])),
+                  paged_time_cut=_pct(100 * (1 - shipped["time_us"] / five["time_us"])))
+    return df.reset_index(), values
+
+
 __all__ = ["MATMULS", "FWD_SHAPE", "LABELS", "MEMORY_UNITS", "VALUES", "label", "config", "kernel_flops", "scores",
            "model_counts", "traffic", "naive_vs_tiled", "busiest_memory", "roofline_points", "sass_loops",
-           "roofline_figure", "stall_figure", "recorded_values"]
+           "roofline_figure", "stall_figure", "recorded_values", "PAGED_STUDY_DIR", "PAGED_VALUES", "paged_study"]
