@@ -16,20 +16,23 @@ from fa_lab.core.dtypes import long_name
 from fa_lab.core.spec import AttentionSpec, make_spec
 from fa_lab.core.world import WORLD, import_order_problem
 
-#: Modules that register implementations when imported, in the book's order.
-IMPLEMENTATION_MODULES = [
-    "fa_lab.core.reference",
-    "fa_lab.kernels.naive",
-    "fa_lab.kernels.online",
-    "fa_lab.kernels.numba.naive",
-    "fa_lab.kernels.numba.tiled",    # chapter 3: `numba_tiled`
-    "fa_lab.kernels.numba.steps",    # chapter 3: its steps, numba_rowwise, numba_smem, numba_regtile
-    "fa_lab.kernels.triton.fwd",     # chapter 4: `triton`
-    "fa_lab.kernels.triton.steps",   # chapter 4: its steps, triton_minimal ... triton_autotuned
-    "fa_lab.autograd",               # chapter 5: `torch_tiled`, `flash_triton`, `torch_compile_bwd`
-    "fa_lab.kernels.varlen.registered",  # chapter 8: `triton_varlen`, packed variable-length sequences
-    "fa_lab.kernels.decode.adapter",     # chapter 9: `triton_decode`, split-KV decoding over a KV cache
-]
+#: Modules that register implementations when imported, in the book's order, and the names each one
+#: registers.  Asking for one implementation imports only its module (a first call of `triton` does not
+#: wait for Numba to import); listing them imports them all.  (tests/test_registry.py checks the names.)
+IMPLEMENTATION_MODULES = {
+    "fa_lab.core.reference": ("reference",),
+    "fa_lab.kernels.naive": ("naive_numpy", "naive_torch"),
+    "fa_lab.kernels.online": ("online_numba",),
+    "fa_lab.kernels.numba.naive": ("numba_naive",),
+    "fa_lab.kernels.numba.tiled": ("numba_tiled",),                                 # chapter 3
+    "fa_lab.kernels.numba.steps": ("numba_rowwise", "numba_smem", "numba_regtile"),  # its steps
+    "fa_lab.kernels.triton.fwd": ("triton",),                                       # chapter 4
+    "fa_lab.kernels.triton.steps": ("triton_minimal", "triton_exp2", "triton_skip", "triton_desc",
+                                    "triton_autotuned"),                            # its steps
+    "fa_lab.autograd": ("torch_tiled", "flash_triton", "torch_compile_bwd"),        # chapter 5
+    "fa_lab.kernels.varlen.registered": ("triton_varlen",),   # chapter 8: packed variable-length sequences
+    "fa_lab.kernels.decode.adapter": ("triton_decode",),      # chapter 9: split-KV decoding over a KV cache
+}
 
 ALL_MASKS = ("none", "causal", "window")
 
@@ -219,7 +222,11 @@ def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
 
 
 def get(name: str) -> Implementation:
-    _load_all()
+    """The implementation registered as ``name``, importing only the module that registers it."""
+    if isinstance(name, str) and name not in _REGISTRY:
+        module = next((m for m, names in IMPLEMENTATION_MODULES.items() if name in names), None)
+        if module is not None:
+            importlib.import_module(module)
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"unknown impl {name!r}; known implementations: {', '.join(implementations())}")
     return _REGISTRY[name]
