@@ -55,3 +55,17 @@ def test_an_unknown_name_is_refused_with_every_known_one():
     with pytest.raises(ValueError, match="unknown impl 'tritn'; known implementations: reference, ") as refused:
         registry.get("tritn")
     assert all(name in str(refused.value) for names in registry.IMPLEMENTATION_MODULES.values() for name in names)
+
+
+def test_a_name_the_package_registers_cannot_be_taken_first():
+    code = """
+import fa_lab
+from fa_lab.core import registry
+registry.register("triton", chapter=4, description="mine")(lambda q, k, v, spec: None)
+try:
+    registry.get("triton")
+except ValueError as exc:
+    print("refused:", exc)
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "refused: implementation 'triton' is registered twice" in run.stdout, run.stdout + run.stderr[-2000:]

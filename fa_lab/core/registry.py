@@ -221,14 +221,26 @@ def implementations(*, runnable: bool = False) -> dict[str, Implementation]:
     return {i.name: i for i in ordered if not runnable or WORLD in i.worlds}
 
 
+#: names ``get`` has resolved: every call of an entry point asks, and its host time counts
+_RESOLVED: dict[str, Implementation] = {}
+
+
 def get(name: str) -> Implementation:
-    """The implementation registered as ``name``, importing only the module that registers it."""
-    if isinstance(name, str) and name not in _REGISTRY:
+    """The implementation registered as ``name``, importing only the module that registers it.
+
+    That module is imported before the name is looked up, so a name registered elsewhere first
+    (a notebook's ``register("triton")``) meets the package's own registration and is refused.
+    """
+    found = _RESOLVED.get(name) if isinstance(name, str) else None
+    if found is not None:
+        return found
+    if isinstance(name, str):
         module = next((m for m, names in IMPLEMENTATION_MODULES.items() if name in names), None)
         if module is not None:
             importlib.import_module(module)
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"unknown impl {name!r}; known implementations: {', '.join(implementations())}")
+    _RESOLVED[name] = _REGISTRY[name]
     return _REGISTRY[name]
 
 
