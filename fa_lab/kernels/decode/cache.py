@@ -57,21 +57,19 @@ def append_kv(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None
     _, capacity = check_layout(B, k_cache, cache_seqlens, block_table, cache_batch_idx, device)
     if n_new == 0 or B == 0:
         return
-    if device.type == "cpu" and int(cache_seqlens.max()) + n_new > capacity:
-        b = int(cache_seqlens.argmax())
-        raise ValueError(f"appending {n_new} keys at position {int(cache_seqlens[b])} (sequence {b}) overflows the "
-                         f"cache's {capacity} keys per sequence")
     index = _positions(k_cache, k_new, cache_seqlens, block_table, cache_batch_idx)
-    outside = (index[0] < 0) | (index[0] >= k_cache.shape[0])
-    if device.type == "cpu" and bool(outside.any()):
-        raise ValueError(f"the appended positions map to {'blocks' if block_table is not None else 'cache rows'} "
-                         f"{index[0].unique().tolist()}, but the cache has 0..{k_cache.shape[0] - 1}")
-    if device.type != "cpu" and not torch.cuda.is_current_stream_capturing():
-        # one flag read back: a write past the cache would otherwise fault inside index_put_ on the device
+    # one check on both worlds; on a GPU its one flag read back waits for the work queued before it (a write
+    # past the cache would otherwise fault inside index_put_ on the device), so a graph capture leaves it out
+    if device.type == "cpu" or not torch.cuda.is_current_stream_capturing():
         overflow = cache_seqlens.max() + n_new > capacity
+        outside = (index[0] < 0) | (index[0] >= k_cache.shape[0])
         if bool(overflow | outside.any()):
-            raise ValueError(f"appending {n_new} keys overflows the cache's {capacity} keys per sequence for some "
-                             f"sequence (cache_seqlens + n_new > {capacity}), or maps a position to a "
-                             f"{'block' if block_table is not None else 'cache row'} outside 0..{k_cache.shape[0] - 1}")
+            if bool(overflow):
+                b = int(cache_seqlens.argmax())
+                raise ValueError(f"appending {n_new} keys at position {int(cache_seqlens[b])} (sequence {b}) "
+                                 f"overflows the cache's {capacity} keys per sequence")
+            raise ValueError(f"the appended positions map to "
+                             f"{'blocks' if block_table is not None else 'cache rows'} "
+                             f"{index[0].unique().tolist()}, but the cache has 0..{k_cache.shape[0] - 1}")
     k_cache.index_put_(index, k_new)
     v_cache.index_put_(index, v_new)
