@@ -36,6 +36,7 @@ ncu's own report file (``ncu-ui PATH`` opens it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -162,19 +164,18 @@ def build(name: str):
         k_cache, v_cache, table = paged(k_cache, v_cache, c["page_size"])
         cache = dict(block_table=table, cache_seqlens=torch.full((B,), Nk, dtype=torch.int32, device=q.device))
     overrides = {"num_stages": c["num_stages"]} if "num_stages" in c else None
-    limit = forward.OFFS32_LIMIT if c.get("offs32", True) else 0   # a limit of 0: int64 offsets
+    # a limit of 0 sends the cache down the int64-offset path (forward.OFFS32_LIMIT), for this case's calls only
+    offsets = contextlib.nullcontext() if c.get("offs32", True) else mock.patch.object(forward, "OFFS32_LIMIT", 0)
 
     def call():
-        saved, forward.OFFS32_LIMIT = forward.OFFS32_LIMIT, limit
-        try:
+        with offsets:
             return decode_forward(q, k_cache, v_cache, scale=None, num_splits=c.get("splits", 0), config=overrides,
                                   **cache)
-        finally:
-            forward.OFFS32_LIMIT = saved
-    plan = forward.decode_plan(q, k_cache, v_cache, num_splits=c.get("splits", 0), config=overrides, **cache)
+    with offsets:
+        plan = forward.decode_plan(q, k_cache, v_cache, num_splits=c.get("splits", 0), config=overrides, **cache)
     info["config"] = dict(BLOCK_N=plan.split_kv.meta["BLOCK_N"], num_warps=plan.split_kv.num_warps,
                           num_stages=plan.split_kv.num_stages, splits=plan.splits, page_size=c.get("page_size", 0),
-                          int32_offsets=bool(limit))
+                          int32_offsets=plan.split_kv.meta["OFFS32"])
     return call, info, \
         _new_kernels({"decode_split_kv": kernel.decode_split_kv, "combine_kernel": combine.combine_kernel})
 
