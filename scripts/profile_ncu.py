@@ -110,7 +110,8 @@ def plan(cases) -> list[tuple[str, str, bool]]:
 # ----------------------------------------------------------------------------- the profiled program
 
 def build(name: str):
-    """``(run, info, sass)`` of one case: ``run()`` launches it, ``sass()`` gives {kernel: SASS text}."""
+    """``(run, info, pick)`` of one case: ``run()`` launches it; ``pick()``, called right after the case's warm-up,
+    picks the compiled kernels it ran and returns ``sass()``, which gives {kernel: SASS text}."""
     import torch
 
     from fa_lab.core.testing import random_qkv
@@ -132,7 +133,7 @@ def build(name: str):
         cfg = choose_config(launch, spec, work, FINAL, "ieee")
         info["config"] = {key: cfg[key] for key in sorted(cfg) if key != "ms"}
         run = lambda: fa_lab.attention(q, k, v, impl="triton", causal=c["causal"])  # noqa: E731
-        return run, info, lambda: {"attn_fwd": sass.triton_sass(launch(cfg, warmup=True))}
+        return run, info, _picked({"attn_fwd": lambda: launch(cfg, warmup=True)})
     if c["impl"] == "triton_backward":
         from fa_lab.kernels.triton import bwd
 
@@ -151,7 +152,7 @@ def build(name: str):
         info["config"] = dict(block_m=cfg.block_m, block_n=cfg.block_n, threads=cfg.threads, d_pad=cfg.d_pad,
                               share_kv=cfg.share_kv)
         return (lambda: fa_lab.attention(q, k, v, impl="numba_tiled", causal=c["causal"])), info, \
-            (lambda: {"flash_attention_fwd": sass.numba_sass(tiled.build_kernel(cfg, True))})
+            (lambda: lambda: {"flash_attention_fwd": sass.numba_sass(tiled.build_kernel(cfg, True))})
     from fa_lab.kernels.decode import combine, decode_forward, forward, kernel
 
     g = torch.Generator().manual_seed(3)
@@ -180,19 +181,28 @@ def build(name: str):
         _new_kernels({"decode_split_kv": kernel.decode_split_kv, "combine_kernel": combine.combine_kernel})
 
 
+def _picked(kernels: dict):
+    """A ``pick()`` for Triton kernels: {name: a function giving the compiled kernel}, called at the pick."""
+    def pick():
+        compiled = {name: get() for name, get in kernels.items()}
+        return lambda: {name: sass.triton_sass(k) for name, k in compiled.items()}
+    return pick
+
+
 def _new_kernels(fns: dict):
-    """A ``sass()`` for kernels found by what the case's warm-up compiled: call it once before, once after."""
+    """A ``pick()`` for the kernels a case's warm-up compiled: those of ``fns`` (name -> @triton.jit function)
+    that were not compiled before the case was built (the newest, if the warm-up compiled none)."""
     before = {name: {id(k) for k in sass.compiled_kernels(fn)} for name, fn in fns.items()}
 
-    def texts():
-        out = {}
-        for name, fn in fns.items():
-            compiled = sass.compiled_kernels(fn)
-            new = [k for k in compiled if id(k) not in before[name]] or compiled[-1:]
-            if new:
-                out[name] = sass.triton_sass(new[-1])
-        return out
-    return texts
+    def newest(name):
+        compiled = sass.compiled_kernels(fns[name])
+        new = [k for k in compiled if id(k) not in before[name]] or compiled[-1:]
+        return new[-1] if new else None
+
+    def pick():
+        found = {name: k for name in fns if (k := newest(name)) is not None}
+        return lambda: {name: sass.triton_sass(k) for name, k in found.items()}
+    return pick
 
 
 def launches(cases, manifest: Path) -> None:
@@ -201,10 +211,11 @@ def launches(cases, manifest: Path) -> None:
 
     runs, infos, sass_fns = {}, {}, {}
     for name in cases:
-        runs[name], infos[name], sass_fns[name] = build(name)
+        runs[name], infos[name], pick = build(name)
         for _ in range(2):
             runs[name]()
         torch.cuda.synchronize()
+        sass_fns[name] = pick()   # now, before the next case compiles kernels of its own
     torch.cuda.profiler.start()
     for name in cases:
         runs[name]()

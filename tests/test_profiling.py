@@ -641,6 +641,12 @@ def test_the_paged_study_is_of_its_cases_and_shows_what_the_chapter_says():
     assert 1.7 < five["smem_KiB"] / first["smem_KiB"] < 2.1
     assert shipped["instructions"] < five["instructions"] and shipped["time_us"] < five["time_us"] < first["time_us"]
     assert ncu.NOT_RECORDED not in values.values() and values["paged_smem_first"].endswith("KiB")
+    # each case's SASS is of the kernel it launched: int64 offsets make the hot loop longer, and the three
+    # compiled kernels differ (3 and 5 stages place their loads apart)
+    loops = study.sass.set_index("case")
+    texts = {c: study.sass_text(c, "decode_split_kv") for c in mod.PAGED_STUDY}
+    assert len(set(texts.values())) == len(texts)
+    assert loops.loc["paged", "loop_instructions"] < min(loops.loc[c, "loop_instructions"] for c in mod.PAGED_STUDY[:2])
     assert profiling.paged_study(None) == (None, {k: ncu.NOT_RECORDED for k in profiling.PAGED_VALUES})
 
 # ---------------------------------------------------------------------------- the notebook
