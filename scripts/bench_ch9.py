@@ -4,10 +4,11 @@
 
 Ours is ``fa_lab.kernels.decode.decode_forward`` (registered as ``triton_decode``) on a cache laid
 out as flash-attn lays it, ``(B, Nk, Hkv, D)``, contiguous or paged (16- and 256-token pages at the
-first shape).  The peers are SDPA's flash and cuDNN backends (``torch.nn.attention.sdpa_kernel``) on
-views of the same cache, with ``enable_gqa=True``; a backend that refuses GQA gets K and V expanded
-to every query head beforehand (``gqa`` says which, and its bytes read count the expansion); one
-that refuses the input is recorded as ``unsupported``.
+first shape, scattered over the pool at random, and 16-token pages in the order a block allocator
+hands them out: ``PAGES``, ``placement`` in the records).  The peers are SDPA's flash and cuDNN
+backends (``torch.nn.attention.sdpa_kernel``) on views of the same cache, with ``enable_gqa=True``;
+a backend that refuses GQA gets K and V expanded to every query head beforehand (``gqa`` says which,
+and its bytes read count the expansion); one that refuses the input is recorded as ``unsupported``.
 
 For each problem, in one run and on the same inputs:
 
@@ -42,8 +43,12 @@ from fa_lab.kernels.decode.forward import decode_plan  # noqa: E402
 
 #: (batch, heads, kv_heads, n_q, n_k, head_dim): the chapter's problems, and one long sequence (split-KV's case)
 ROWS = [(8, 32, 8, 1, 8192, 128), (64, 32, 8, 1, 2048, 128), (1, 32, 8, 1, 65536, 128)]
-#: page sizes of the paged cache, at ROWS[0]
-PAGES = (16, 256)
+#: the paged caches, at ROWS[0]: (page size, where the pages lie in the pool, ``PLACEMENTS``)
+PAGES = ((16, "scattered"), (256, "scattered"), (16, "allocator order"))
+#: where a sequence's pages lie in the pool: anywhere, a uniformly random permutation (a long-running
+#: server's free list), or in the order a block allocator hands pages to sequences that all grow
+#: together (round-robin: page i of sequence b is block i·B + b)
+PLACEMENTS = ("scattered", "allocator order")
 #: split counts of the ``splits`` section
 SPLITS = (1, 2, 4, 8, 16, 32)
 #: peer name -> SDPA backend name
@@ -70,10 +75,10 @@ def interleaved(fns: dict, rounds: int, measure) -> tuple[dict, dict]:
     return {n: t["ms"] for n, t in times.items()}, errors
 
 
-def head(section, impl, row, dtype, page_size=0, **fields):
+def head(section, impl, row, dtype, page_size=0, placement=None, **fields):
     B, H, Hkv, Nq, Nk, D = row
     return dict(section=section, impl=impl, batch=B, heads=H, kv_heads=Hkv, n_q=Nq, n_k=Nk, head_dim=D, dtype=dtype,
-                page_size=page_size, **fields)
+                page_size=page_size, placement=placement if page_size else None, **fields)
 
 
 def make_cache(row, dtype, seed=1):
@@ -87,12 +92,18 @@ def make_cache(row, dtype, seed=1):
     return q, k, v
 
 
-def paged(k, v, page_size, seed=2):
-    """The same keys and values in a pool of pages at random places, and its block table."""
+def paged(k, v, page_size, seed=2, placement="scattered"):
+    """The same keys and values in a pool of pages placed as ``placement`` says (``PLACEMENTS``), and its table."""
     B, Nk, Hkv, D = k.shape
     per_seq = math.ceil(Nk / page_size)
     pad = per_seq * page_size - Nk
-    order = torch.randperm(B * per_seq, generator=torch.Generator().manual_seed(seed)).to(k.device)
+    if placement == "scattered":
+        order = torch.randperm(B * per_seq, generator=torch.Generator().manual_seed(seed))
+    elif placement == "allocator order":
+        order = (torch.arange(per_seq) * B + torch.arange(B)[:, None]).reshape(-1)   # page i of b: block i·B + b
+    else:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+    order = order.to(k.device)
     table = order.view(B, per_seq).to(torch.int32)
     pools = []
     for t in (k, v):
@@ -135,7 +146,7 @@ def sdpa_call(name, q, k, v):
     raise RuntimeError("; ".join(why))
 
 
-def measure_row(row, dtype, mode, page_size=0):
+def measure_row(row, dtype, mode, page_size=0, placement="scattered"):
     """Ours, each SDPA backend and the copy on one problem: one record each."""
     rounds, rep_ms, calls = mode
     if ON_GPU:
@@ -148,11 +159,11 @@ def measure_row(row, dtype, mode, page_size=0):
     with torch.no_grad():
         o_ref, _ = decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
         if page_size:
-            k_pages, v_pages, table = paged(k, v, page_size)
+            k_pages, v_pages, table = paged(k, v, page_size, placement=placement)
             fns["triton_decode"] = lambda: decode_forward(q, k_pages, v_pages, cache_seqlens=seqlens,
                                                           block_table=table, scale=None)
             o = fns["triton_decode"]()[0]
-            recs["triton_decode"] = head("decode", "triton_decode", row, dtype, page_size, status="ok",
+            recs["triton_decode"] = head("decode", "triton_decode", row, dtype, page_size, placement, status="ok",
                                          max_abs_diff_vs_contiguous=float((o.float() - o_ref.float()).abs().max()))
         else:
             fns["triton_decode"] = lambda: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
@@ -161,7 +172,7 @@ def measure_row(row, dtype, mode, page_size=0):
         recs["triton_decode"].update(splits=splits_chosen(q, cache_seqlens=seqlens, **cache),
                                      kv_bytes_read=kv_bytes, gqa="packed")
         for name in SDPA:
-            rec = recs[name] = head("decode", name, row, dtype, page_size)
+            rec = recs[name] = head("decode", name, row, dtype, page_size, placement)
             if page_size:
                 rec["status"] = "unsupported: SDPA takes no paged KV cache (no block table)"
                 continue
@@ -174,7 +185,7 @@ def measure_row(row, dtype, mode, page_size=0):
         src = torch.empty(kv_bytes // 2, dtype=torch.float16, device=q.device)
         dst = torch.empty_like(src)
         fns["copy"] = lambda: dst.copy_(src)
-        recs["copy"] = head("decode", "copy", row, dtype, page_size, status="ok", kv_bytes_read=kv_bytes)
+        recs["copy"] = head("decode", "copy", row, dtype, page_size, placement, status="ok", kv_bytes_read=kv_bytes)
 
         times, errors = interleaved(fns, rounds, lambda fn: gpu_us(fn, rep_ms))
         hosts, _ = interleaved({n: f for n, f in fns.items() if n != "copy" and n not in errors}, rounds,
@@ -223,7 +234,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     rows, pages, splits, mode = ROWS, PAGES, SPLITS, QUICK if args.quick else FULL
     if args.smoke:
-        rows, pages, splits, mode = [(2, 4, 2, 1, 40, 16), (3, 4, 1, 2, 24, 24)], (16,), (1, 2), SMOKE
+        rows, pages, splits, mode = [(2, 4, 2, 1, 40, 16), (3, 4, 1, 2, 24, 24)], PAGES[::2], (1, 2), SMOKE
         args.out = args.out or tempfile.mkdtemp(prefix="bench_ch9_")
     elif not ON_GPU:
         sys.exit("bench_ch9 records GPU numbers: run it on a machine with a CUDA GPU (or try --smoke)")
@@ -246,12 +257,12 @@ def main(argv=None):
                 flush()
                 print(f"{dtype} {row}: " + "  ".join(f"{r['impl']} {r['gpu_us']:.1f}us" if r.get("gpu_us")
                                                      else f"{r['impl']} {r['status'][:40]}" for r in recs), flush=True)
-            for page in pages:
-                recs = measure_row(rows[0], dtype, mode, page_size=page)
+            for page, placement in pages:
+                recs = measure_row(rows[0], dtype, mode, page_size=page, placement=placement)
                 records += recs
                 flush()
                 ours = recs[0]
-                print(f"{dtype} {rows[0]} pages of {page}: ours {ours.get('gpu_us', 0):.1f}us", flush=True)
+                print(f"{dtype} {rows[0]} pages of {page}, {placement}: ours {ours.get('gpu_us', 0):.1f}us", flush=True)
     if "splits" in sections:
         for row in rows:
             records += sweep_splits(row, dtypes[0], mode, splits)

@@ -205,6 +205,21 @@ def test_no_lengths_means_the_whole_cache_and_strided_caches_are_read_in_place()
     check(case, x, o, lse, "strided")
 
 
+@pytest.mark.parametrize("page_size", [0, 8, 5])
+def test_k_and_v_caches_with_different_strides(page_size):
+    # one set of row offsets serves K and V only when their strides agree: here V is a view of a wider cache
+    case = Case((21, 4, 13), n_q=2, heads=4, kv_heads=2, head_dim=16, dtype=torch.float32, page_size=page_size,
+                splits=2)
+    x = make_inputs(case, stable_seed("kv-strides", page_size))
+    wide = torch.full((*x.v_cache.shape[:-1], 24), NAN, device=DEVICE)
+    wide[..., 4:20] = x.v_cache
+    v_cache = wide[..., 4:20]
+    assert v_cache.stride() != x.k_cache.stride()
+    o, lse = decode_forward(x.q, x.k_cache, v_cache, cache_seqlens=x.seqlens, block_table=x.block_table,
+                            scale=None, num_splits=2)
+    check(case, x, o, lse, f"page_size={page_size}, V strides {v_cache.stride()}")
+
+
 @pytest.mark.filterwarnings("ignore:All-NaN slice encountered:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_rows_with_nan_give_nan_and_the_others_match():

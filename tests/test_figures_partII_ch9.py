@@ -145,6 +145,9 @@ def synthetic(tmp_path) -> pd.DataFrame:
         _rec("decode", "sdpa-flash", shape, page_size=16, status="unsupported: SDPA takes no paged KV cache"),
         _rec("decode", "copy", shape, page_size=16, status="ok", gpu_us=2 * kv / 3e12 * 1e6, bandwidth=3e12,
              kv_bytes=kv),
+        # the same pages in the order an allocator hands them out (the row above, older, names no placement)
+        _rec("decode", "triton_decode", shape, page_size=16, placement="allocator order", status="ok",
+             gpu_us=1.05 * us, bandwidth=2.4e12 / 1.05, splits=2, kv_bytes=kv, host_us_per_call=41.0),
     ]
     rows += [_rec("splits", "triton_decode", shape, num_splits=s, chosen=s == 1, gpu_us=us * (1 + 0.1 * (s == 4)),
                   status="ok") for s in (1, 2, 4)]
@@ -159,7 +162,8 @@ def synthetic(tmp_path) -> pd.DataFrame:
 def test_summary_and_quoted_numbers_of_a_synthetic_recording(tmp_path):
     df = synthetic(tmp_path)
     summary = decoding.recorded_summary(df)
-    assert list(summary["cache"]) == ["contiguous", "paged, 16-token pages"]
+    assert list(summary["cache"]) == ["contiguous", "paged, 16-token pages, scattered",
+                                      "paged, 16-token pages, allocator order"]
     first = summary.iloc[0]
     assert first["of_copy"] == pytest.approx(0.8) and first["ours (TB/s)"] == pytest.approx(2.4)
     assert first["vs_sdpa_flash"] == pytest.approx(1.5) and first["vs_sdpa_cudnn"] == pytest.approx(2.0)
@@ -169,6 +173,7 @@ def test_summary_and_quoted_numbers_of_a_synthetic_recording(tmp_path):
     assert values["vs_flash"] == "1.50×" and values["vs_cudnn"] == "2.00×"
     assert values["host_ours"] == "40 µs" and values["host_sdpa"] == "20 µs"
     assert values["paged_16"] == "1.25×" and values["paged_256"] == decoding.NOT_RECORDED
+    assert values["paged_16_in_order"] == "1.05×" and values["paged_splits"] == "1"   # the scattered pages' splits
     assert "heuristic's S = 1 took 1.00× the time of the fastest, S = 1" in values["sweep"]
     assert "(1, 32, 8, 1, 65536, 128) the heuristic's S = 29 took 1.00× the time of the fastest, S = 16" \
         in values["sweep"]
@@ -201,11 +206,14 @@ def test_the_recording_script_writes_what_the_chapter_reads(tmp_path):
     assert (ours["status"] == "ok").all() and (ours["gpu_us"] > 0).all() and (ours["host_us_per_call"] > 0).all()
     paged = ours[ours["page_size"] > 0]
     assert len(paged) and (paged["max_abs_diff_vs_contiguous"] == 0).all()
+    assert set(paged["placement"]) == {"scattered", "allocator order"} and ours[ours["page_size"] == 0][
+        "placement"].isna().all()
     cudnn = df[(df["section"] == "decode") & (df["impl"] == "sdpa-cudnn")]
     if not fa_lab.ON_GPU:
         assert cudnn["status"].str.startswith("unsupported").all()
     summary = decoding.recorded_summary(df)
-    assert len(summary) == len(df[df["section"] == "decode"].groupby(["dtype", "batch", "n_k", "page_size"]))
+    keys = ["dtype", "batch", "n_k", "page_size", "placement"]
+    assert len(summary) == len(df[df["section"] == "decode"].groupby(keys, dropna=False))
     values = decoding.recorded_values(df)
     assert values["of_copy"] != decoding.NOT_RECORDED and values["sweep"] != decoding.NOT_RECORDED
     json.dumps(values)

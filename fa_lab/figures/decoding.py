@@ -218,8 +218,18 @@ def _shape(r) -> str:
     return f"({r['batch']}, {r['heads']}, {r['kv_heads']}, {r['n_q']}, {r['n_k']}, {r['head_dim']})"
 
 
+def _placement(r) -> str | None:
+    """Where the pages lie in the pool (a recording from before pages were placed two ways: scattered)."""
+    if not r.get("page_size"):
+        return None
+    placement = r.get("placement")
+    return placement if isinstance(placement, str) else "scattered"
+
+
 def _layout(r) -> str:
-    return "contiguous" if not r.get("page_size") else f"paged, {int(r['page_size'])}-token pages"
+    if not r.get("page_size"):
+        return "contiguous"
+    return f"paged, {int(r['page_size'])}-token pages, {_placement(r)}"
 
 
 def recorded_summary(df):
@@ -234,7 +244,8 @@ def recorded_summary(df):
 
     rows = []
     dec = df[df["section"] == "decode"]
-    keys = ["dtype", "batch", "heads", "kv_heads", "n_q", "n_k", "head_dim", "page_size"]
+    dec = dec.assign(placement=[_placement(r) for r in dec.to_dict("records")])
+    keys = ["dtype", "batch", "heads", "kv_heads", "n_q", "n_k", "head_dim", "page_size", "placement"]
     for key, part in dec.groupby(keys, sort=False, dropna=False):
         first = dict(zip(keys, key))
         by = {r["impl"]: r for r in part.to_dict("records")}
@@ -270,7 +281,7 @@ def recorded_values(df=None) -> dict:
     """The numbers the chapter's prose quotes from a ``gpu_ch9`` recording, as text; every one is
     ``NOT_RECORDED`` when ``df`` is None (no recording) or lacks it."""
     names = ("of_copy", "vs_flash", "vs_cudnn", "host_ours", "host_sdpa", "eager_ours", "eager_sdpa", "eager_worst",
-             "paged_16", "paged_256", "paged_splits", "copy_tbs", "sweep")
+             "paged_16", "paged_256", "paged_16_in_order", "paged_splits", "copy_tbs", "sweep")
     values = dict.fromkeys(names, NOT_RECORDED)
     if df is None or len(df) == 0:
         return values
@@ -297,15 +308,18 @@ def recorded_values(df=None) -> dict:
     copies = dec[dec["impl"] == "copy"]["bandwidth"].tolist()
     values["copy_tbs"] = _range([c / 1e12 for c in copies], lambda v: f"{v:.2f} TB/s")
     ours = dec[dec["impl"] == "triton_decode"]
-    for page in (16, 256):
+    ours = ours.assign(placement=[_placement(r) for r in ours.to_dict("records")])
+    for name, page, placement in (("paged_16", 16, "scattered"), ("paged_256", 256, "scattered"),
+                                  ("paged_16_in_order", 16, "allocator order")):
         ratios = []
-        for r in ours[ours["page_size"] == page].to_dict("records"):
+        for r in ours[(ours["page_size"] == page) & (ours["placement"] == placement)].to_dict("records"):
             same = ours[(ours["page_size"] == 0) & (ours["dtype"] == r["dtype"]) & (ours["batch"] == r["batch"])
                         & (ours["n_k"] == r["n_k"])]
             if len(same):
                 ratios.append(r["gpu_us"] / same["gpu_us"].iloc[0])
-        values[f"paged_{page}"] = _range(ratios, times)
-    paged_splits = [int(v) for v in ours[ours["page_size"] > 0].get("splits", []) if v == v]
+        values[name] = _range(ratios, times)
+    paged_splits = [int(v) for v in ours[(ours["page_size"] > 0) & (ours["placement"] == "scattered")].get("splits", [])
+                    if v == v]
     values["paged_splits"] = _range(paged_splits, str)
     sweep = df[(df["section"] == "splits") & (df["status"] == "ok")]
     said = []

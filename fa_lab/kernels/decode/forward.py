@@ -110,6 +110,7 @@ def plan_decode(p: DecodeProblem, q, k_cache, v_cache, o_work, lse, *, cache_seq
         HAS_LEFT=p.left >= 0, HAS_RIGHT=p.right >= 0, HAS_SOFTCAP=p.softcap > 0, HAS_ALIBI=slopes is not None,
         SPLIT=splits > 1, PRECISION="ieee" if work == torch.float32 else None,
         OFFS32=max(largest_offset(k_cache), largest_offset(v_cache)) < OFFS32_LIMIT,
+        KV_SAME=k_cache.stride() == v_cache.stride(),
     )
     split_kv = Launch(decode_split_kv, (B * p.kv_heads, splits, m_tiles), scalars, meta, cfg["num_warps"],
                       cfg["num_stages"])

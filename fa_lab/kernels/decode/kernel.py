@@ -42,13 +42,15 @@ def tanh(x):
 
 @triton.jit
 def kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, SEQ_BLOCKS, stride_kb, stride_kn, stride_vb, stride_vn,
-                   LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, OFFS32: tl.constexpr):
+                   LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, OFFS32: tl.constexpr,
+                   KV_SAME: tl.constexpr):
     """Element offsets of the K and V rows of keys ``start_n + offs_n`` of one sequence.
 
     ``k_seq``/``v_seq`` are the sequence's row offsets in a contiguous cache; ``SEQ_BLOCKS``
     points at its row of the block table in a paged one.  The offsets are int32 when every
     element of the caches is within 2^31 of its start (``OFFS32``), int64 otherwise: one
     multiply-add per row instead of a 64-bit chain, in a loop bound by how fast it issues.
+    When the K and V caches have the same strides (``KV_SAME``) one set of offsets serves both.
     """
     # region: paged
     if LAYOUT == 0:
@@ -58,8 +60,14 @@ def kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, SEQ_BLOCKS, stride_kb,
         # the tile lies in one page (PAGE_SIZE % BLOCK_N == 0 and tiles start at multiples of BLOCK_N)
         block = tl.load(SEQ_BLOCKS + start_n // PAGE_SIZE)
         rows = start_n % PAGE_SIZE + offs_n
+    elif BLOCK_N % PAGE_SIZE == 0:
+        # whole pages tile the key tile, and tiles start at multiples of BLOCK_N: key offs_n of every tile
+        # sits at the same page of the tile and the same row of its page, so those are computed once,
+        # outside the loop, and each key looks up only its block (pages past the length are not read)
+        block = tl.load(SEQ_BLOCKS + start_n // PAGE_SIZE + offs_n // PAGE_SIZE, mask=key_ok, other=0)
+        rows = offs_n % PAGE_SIZE
     else:
-        # any page size: each key looks up its own block (pages past the length are not read)
+        # any other page size: each key finds its page and row from its position
         cols = start_n + offs_n
         block = tl.load(SEQ_BLOCKS + cols // PAGE_SIZE, mask=key_ok, other=0)
         rows = cols % PAGE_SIZE
@@ -73,6 +81,8 @@ def kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, SEQ_BLOCKS, stride_kb,
     else:
         k_rows = block * stride_kb + rows * stride_kn
         v_rows = block * stride_vb + rows * stride_vn
+    if KV_SAME:
+        v_rows = k_rows
     # endregion: paged
     return k_rows, v_rows
 
@@ -90,7 +100,7 @@ def decode_split_kv(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    SPLIT: tl.constexpr, PRECISION: tl.constexpr, OFFS32: tl.constexpr,
+    SPLIT: tl.constexpr, PRECISION: tl.constexpr, OFFS32: tl.constexpr, KV_SAME: tl.constexpr,
 ):
     """Grid ``(batch · kv_heads, splits, query tiles)``.
 
@@ -167,7 +177,8 @@ def decode_split_kv(
         cols = start_n + offs_n
         key_ok = cols < hi     # only the range's last tile is partial
         k_rows, v_rows = kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, seq_blocks, stride_kb, stride_kn,
-                                        stride_vb, stride_vn, LAYOUT=LAYOUT, PAGE_SIZE=PAGE_SIZE, OFFS32=OFFS32)
+                                        stride_vb, stride_vn, LAYOUT=LAYOUT, PAGE_SIZE=PAGE_SIZE, BLOCK_N=BLOCK_N,
+                                        OFFS32=OFFS32, KV_SAME=KV_SAME)
         if HEAD_DIM == BLOCK_D:
             kv_mask = key_ok[:, None]   # a mask constant along D: the loads stay 16-byte vectors
         else:
