@@ -121,8 +121,17 @@ def test_keyboard_interrupt_during_a_check_marks_it_interrupted(monkeypatch):
     assert result.to_dict()["interrupted"] is True
 
 
+@pytest.fixture
+def python_ctrl_c():
+    """Python's own Ctrl-C handler, as a notebook's kernel has it (a test run started in the background, as in
+    ``make test &``, ignores SIGINT), and the handler before it back afterwards."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs POSIX signals")
-def test_sigint_to_the_notebook_stops_the_learners_thread_too():
+def test_sigint_to_the_notebook_stops_the_learners_thread_too(python_ctrl_c):
     """A real SIGINT to the main thread while it waits for the learner's code (as the stop button sends)."""
     main = threading.main_thread().ident
 
