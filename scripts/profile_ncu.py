@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -152,7 +153,7 @@ def build(name: str):
         info["config"] = dict(block_m=cfg.block_m, block_n=cfg.block_n, threads=cfg.threads, d_pad=cfg.d_pad,
                               share_kv=cfg.share_kv)
         return (lambda: fa_lab.attention(q, k, v, impl="numba_tiled", causal=c["causal"])), info, \
-            (lambda: lambda: {"flash_attention_fwd": sass.numba_sass(tiled.build_kernel(cfg, True))})
+            _picked({"flash_attention_fwd": lambda: tiled.build_kernel(cfg, True)}, sass.numba_sass)
     from fa_lab.kernels.decode import combine, decode_forward, forward, kernel
 
     g = torch.Generator().manual_seed(3)
@@ -181,11 +182,12 @@ def build(name: str):
         _new_kernels({"decode_split_kv": kernel.decode_split_kv, "combine_kernel": combine.combine_kernel})
 
 
-def _picked(kernels: dict):
-    """A ``pick()`` for Triton kernels: {name: a function giving the compiled kernel}, called at the pick."""
+def _picked(kernels: dict, disassemble=sass.triton_sass):
+    """A ``pick()``: {name: a function giving the compiled kernel, or None}, called at the pick; the ``sass()``
+    it returns disassembles those kernels."""
     def pick():
-        compiled = {name: get() for name, get in kernels.items()}
-        return lambda: {name: sass.triton_sass(k) for name, k in compiled.items()}
+        found = {name: k for name, get in kernels.items() if (k := get()) is not None}
+        return lambda: {name: disassemble(k) for name, k in found.items()}
     return pick
 
 
@@ -198,11 +200,7 @@ def _new_kernels(fns: dict):
         compiled = sass.compiled_kernels(fns[name])
         new = [k for k in compiled if id(k) not in before[name]] or compiled[-1:]
         return new[-1] if new else None
-
-    def pick():
-        found = {name: k for name in fns if (k := newest(name)) is not None}
-        return lambda: {name: sass.triton_sass(k) for name, k in found.items()}
-    return pick
+    return _picked({name: functools.partial(newest, name) for name in fns})
 
 
 def launches(cases, manifest: Path) -> None:
