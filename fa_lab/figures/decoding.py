@@ -226,6 +226,11 @@ def _placement(r) -> str | None:
     return placement if isinstance(placement, str) else "scattered"
 
 
+def _placed(df):
+    """``df`` with a ``placement`` column: ``_placement`` of every row."""
+    return df.assign(placement=[_placement(r) for r in df.to_dict("records")])
+
+
 def _layout(r) -> str:
     if not r.get("page_size"):
         return "contiguous"
@@ -243,8 +248,7 @@ def recorded_summary(df):
     import pandas as pd
 
     rows = []
-    dec = df[df["section"] == "decode"]
-    dec = dec.assign(placement=[_placement(r) for r in dec.to_dict("records")])
+    dec = _placed(df[df["section"] == "decode"])
     keys = ["dtype", "batch", "heads", "kv_heads", "n_q", "n_k", "head_dim", "page_size", "placement"]
     for key, part in dec.groupby(keys, sort=False, dropna=False):
         first = dict(zip(keys, key))
@@ -307,8 +311,7 @@ def recorded_values(df=None) -> dict:
             values["eager_worst"] = f"{_shape(worst)} in {worst['dtype']} ({_layout(worst)} cache)"
     copies = dec[dec["impl"] == "copy"]["bandwidth"].tolist()
     values["copy_tbs"] = _range([c / 1e12 for c in copies], lambda v: f"{v:.2f} TB/s")
-    ours = dec[dec["impl"] == "triton_decode"]
-    ours = ours.assign(placement=[_placement(r) for r in ours.to_dict("records")])
+    ours = _placed(dec[dec["impl"] == "triton_decode"])
     for name, page, placement in (("paged_16", 16, "scattered"), ("paged_256", 256, "scattered"),
                                   ("paged_16_in_order", 16, "allocator order")):
         ratios = []
