@@ -26,8 +26,9 @@ caches.  The forward runs with its cached launch configuration (``FA_LAB_TRITON_
 no tuning on a cache miss, the default configuration instead).  A few minutes on an H100, most of it
 compiling the kernels on a fresh machine.
 
-Writes into DIR (default ``fa_lab/data``): ``ncu/details.csv`` (``ncu --csv --page details``),
-``ncu/raw.csv`` (``--page raw``, cut to the metrics the chapter reads), ``ncu/sass_counts.csv`` and
+Writes into DIR (default ``fa_lab/data``): ``ncu/details.csv`` (``ncu --csv --page details``, without the
+rules' paragraphs of advice), ``ncu/raw.csv`` (``--page raw``, cut to the metrics the chapter reads),
+``ncu/sass_counts.csv`` and
 ``ncu/sass_<case>_<kernel>.txt`` (the hot loop of each kernel's SASS), and ``gpu_profile.json``
 (``fa_lab.bench.records``): which case each launch is, problem, launch configuration, ncu's version.
 A step that fails is recorded as a status; it never stops the others.  ``--keep-report PATH`` also keeps
@@ -279,7 +280,8 @@ def write_outputs(out_dir: Path, details: str | None, raw: str | None, manifest:
     except (ValueError, KeyError) as exc:
         statuses["details"], table = f"error: ncu's details page: {exc}", None
     if table is not None:
-        (folder / ncu.DETAILS).write_text(details[re.search(r'^"ID",', details, re.M).start():], encoding="utf-8")
+        (folder / ncu.DETAILS).write_text(ncu.cut_details(details[re.search(r'^"ID",', details, re.M).start():]),
+                                          encoding="utf-8")
         try:
             ids = ncu.assign_cases(list(zip(table["id"], table["kernel_name"])), plan(cases))
             statuses.setdefault("cases", "ok")

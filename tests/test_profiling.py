@@ -164,6 +164,21 @@ def test_rules_are_the_rows_without_a_metric():
     assert [x if x == x else None for x in rules["speedup"]] == [x if x == x else None for x in expected]
 
 
+def test_cut_details_leaves_out_only_the_rules_descriptions():
+    header, rows = by_hand(DETAILS)
+    column = header.index("Rule Description")
+    full = DETAILS.read_text(encoding="utf-8").splitlines()
+    # a rule row with its description, as ncu writes one: the cut keeps every other field and every other line
+    rule = list(next(r for r in rows if len(r) > column and r[header.index("Rule Name")]))
+    rule[column] = "a paragraph of advice"
+    sample = "\n".join([full[0], full[1], '"' + '","'.join(rule) + '"']) + "\n"
+    cut = ncu.cut_details(sample)
+    assert cut.splitlines()[:2] == full[:2] and ncu.cut_details(cut) == cut
+    assert next(csv.reader([cut.splitlines()[2]]))[column] == ""
+    assert ncu.read_rules(cut)["description"].tolist() == [""]
+    assert all(len(r) <= column or r[column] == "" for r in rows)   # the shipped page is cut
+
+
 def test_raw_page_units_row_and_values():
     raw = ncu.read_raw(RAW)
     by_hand_values = raw_by_hand()

@@ -356,6 +356,25 @@ def cut_raw(text: str, keep=(), patterns=()) -> str:
     return buf.getvalue()
 
 
+def cut_details(text: str) -> str:
+    """A details page without the rules' descriptions (ncu's paragraphs of advice, which the chapter does not
+    read); every other field, and each rule's name, type and estimated speed-up, as ncu wrote them."""
+    lines = text.splitlines(keepends=True)
+    rows = list(csv.reader(io.StringIO(text)))
+    if len(rows) != len(lines) or not rows or "Rule Description" not in rows[0]:
+        raise ValueError("not an ncu details page of one line per row with a \"Rule Description\" column")
+    column = rows[0].index("Rule Description")
+    buf = io.StringIO()
+    writer = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
+    for line, row in zip(lines, rows):
+        if len(row) > column and row[column] and line is not lines[0]:
+            row[column] = ""
+            writer.writerow(row)
+        else:
+            buf.write(line)
+    return buf.getvalue()
+
+
 # ----------------------------------------------------------------------------- one recording
 
 @dataclass
@@ -415,4 +434,4 @@ def load(directory=None) -> Profile | None:
 __all__ = ["RECORDING", "SUBDIR", "DETAILS", "RAW", "SASS_COUNTS", "NOT_RECORDED", "HEADLINE", "RAW_HEADLINE",
            "LIMITS", "to_base", "number", "short_name", "csv_table", "read_details", "read_rules", "read_raw",
            "headline", "bound", "stall_reasons", "assign_cases", "find_ncu", "run", "version", "available_sections",
-           "available_metrics", "export", "cut_raw", "Profile", "load"]
+           "available_metrics", "export", "cut_raw", "cut_details", "Profile", "load"]
