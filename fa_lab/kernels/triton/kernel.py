@@ -278,14 +278,18 @@ def attn_fwd(Q, K, V, K_EDGE, V_EDGE, O, LSE, qk_scale, n_q, n_k, heads, kv_head
         first = tl.num_programs(0) - 1 - pid_m
     else:
         first = pid_m
-    # one block, or a pair: unrolled at compile time (static_range), no loop in the kernel.  A pair's
-    # second block is pid_m, unless that is `first` itself (the middle one of an odd count)
-    for t in tl.static_range(2 if PAIRED else 1):
-        if t == 0 or pid_m < first:
-            attn_fwd_block(desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, desc_k_edge=desc_k_edge,
-                           desc_v_edge=desc_v_edge, q_row=q_row, kv_row=kv_row, O=o_bh, LSE=lse_bh,
-                           pid_m=first if t == 0 else pid_m, n_q=n_q, n_k=n_k, left=left, right=right,
-                           qk_scale=qk_scale, HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-                           BLOCK_N_EDGE=BLOCK_N_EDGE, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EXP2=EXP2,
-                           SKIP_MASKED=SKIP_MASKED, EDGES=EDGES, PRECISION=PRECISION,
-                           WARP_SPECIALIZE=WARP_SPECIALIZE, EMU=EMU)
+    # one block, or a pair: a pair's second block is pid_m, unless that is `first` itself (the middle
+    # one of an odd count).  A loop at run time, not unrolled: unrolled, the block's code (three key
+    # loops) is compiled twice, and at D = 256 that doubled the first call's compile time for the
+    # same speed (docs/decisions/paired-blocks-loop.md)
+    n_blocks = 1
+    if PAIRED:
+        n_blocks += (pid_m < first).to(tl.int32)
+    for t in range(n_blocks):
+        attn_fwd_block(desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, desc_k_edge=desc_k_edge,
+                       desc_v_edge=desc_v_edge, q_row=q_row, kv_row=kv_row, O=o_bh, LSE=lse_bh,
+                       pid_m=tl.where(t == 0, first, pid_m), n_q=n_q, n_k=n_k, left=left, right=right,
+                       qk_scale=qk_scale, HEAD_DIM=HEAD_DIM, D_PAD=D_PAD, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                       BLOCK_N_EDGE=BLOCK_N_EDGE, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT, EXP2=EXP2,
+                       SKIP_MASKED=SKIP_MASKED, EDGES=EDGES, PRECISION=PRECISION,
+                       WARP_SPECIALIZE=WARP_SPECIALIZE, EMU=EMU)
