@@ -366,8 +366,8 @@ def cut_details(text: str) -> str:
     column = rows[0].index("Rule Description")
     buf = io.StringIO()
     writer = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")
-    for line, row in zip(lines, rows):
-        if len(row) > column and row[column] and line is not lines[0]:
+    for i, (line, row) in enumerate(zip(lines, rows)):
+        if i > 0 and len(row) > column and row[column]:
             row[column] = ""
             writer.writerow(row)
         else:
