@@ -8,11 +8,13 @@ Examples::
 
 A configuration is tuned per key: dtype, head dim (padded to a power of two), the query and key
 lengths' power-of-two buckets and the mask (``fa_lab.kernels.triton.config_key``).  The first call
-of a key that neither the shipped table nor this machine's cache holds times dozens of candidates on
-the real inputs (seconds); this command does it beforehand, on inputs of ``--batch`` x ``--heads``
+of a key that neither the shipped table nor this machine's cache holds times only the winners of the
+nearest tuned keys (a few seconds); this command runs the full search (dozens of candidates, timed on
+the real inputs) beforehand, on inputs of ``--batch`` x ``--heads``
 (default: 16 heads and as many sequences as make 16k tokens), and keeps the winners in the user
-cache (``$FA_LAB_CACHE_DIR`` or ``~/.cache/fa_lab``).  Keys already cached (shipped or tuned here
-before) are listed, not tuned again; ``--ship`` adds the keys tuned now to the shipped table.
+cache (``$FA_LAB_CACHE_DIR`` or ``~/.cache/fa_lab``).  Keys already cached by a full search (shipped
+or tuned here before) are listed, not tuned again; a key that a call only chose quickly, among the
+winners of nearby keys, gets the full search; ``--ship`` adds the keys tuned now to the shipped table.
 Needs a CUDA GPU.
 """
 from __future__ import annotations
@@ -107,7 +109,7 @@ def tune_all(todo: list[dict]) -> dict:
         q = torch.randn(*p["shape"], device="cuda", dtype=p["dtype"])
         key = config_key(make_spec(q, q, q, causal=p["causal"]), p["dtype"], "pipelined")
         cached = CACHE.get(device, key)
-        if cached is not None:
+        if cached is not None and CACHE.search(device, key) == "full":
             print(f"[{i}/{len(todo)}] {key}: cached, {cached}", flush=True)
             continue
         print(f"[{i}/{len(todo)}] {key}: tuning on {tuple(p['shape'])} ...", flush=True)

@@ -93,6 +93,15 @@ class ConfigCache:
                 return {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
         return None
 
+    def search(self, device: str, key: str) -> str | None:
+        """How ``key``'s entry was chosen: ``"full"`` (the whole search; every shipped entry) or
+        ``"quick"`` (among the winners of nearby keys, on a miss), None if there is no entry."""
+        for table in (self._user, self._shipped):
+            cfg = table.get(device, {}).get(key)
+            if cfg is not None:
+                return cfg.get("search", "full")
+        return None
+
     def put(self, device: str, key: str, cfg: dict) -> None:
         """Remember ``cfg`` for ``key`` here and in the user file (merged with what others wrote)."""
         with self._lock:

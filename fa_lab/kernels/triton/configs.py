@@ -75,7 +75,7 @@ def candidate_configs(space: str, d_pad: int, itemsize: int, n_q: int | None = N
 
 
 def default_config(space: str, d_pad: int, n_q: int, mask: str = "none") -> dict:
-    """What runs when a key was never tuned and tuning is off (FA_LAB_TRITON_AUTOTUNE=0), and for exact fp32.
+    """What runs when no tuned key is near (or beside them in a quick choice), and for exact fp32.
 
     The H100 winners of the recorded tuning (fa_lab/data/gpu_ch4.json), generalised by head dim.
     """

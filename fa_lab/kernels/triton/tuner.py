@@ -1,14 +1,19 @@
 """Tuning the Triton kernels' launch configurations on the real inputs.
 
 Forward (chapter 4): ``choose_config`` picks what a call runs with — small fixed tiles in the
-CPU world; on a GPU the cached winner of the problem's key, or the result of tuning it now (kept
-in ``CACHE``), or the default.  Backward (chapter 5): ``tune_backward`` times the dK/dV and dQ
-kernels alone for each candidate tile (``scripts/bench_ch5.py --sections tune``).
+CPU world; on a GPU the cached winner of the problem's key, or, on a miss, what
+``FA_LAB_TRITON_AUTOTUNE`` asks for (``autotune_mode``): by default a quick choice among the winners
+of the nearest tuned keys (a few seconds, kept in ``CACHE``), the full search (tens of seconds; what
+``fa-lab tune`` runs ahead of time), or no timing at all.  Backward (chapter 5): ``tune_backward``
+times the dK/dV and dQ kernels alone for each candidate tile (``scripts/bench_ch5.py --sections tune``).
 """
 from __future__ import annotations
 
 import functools
+import math
 import os
+import sys
+import time
 from typing import NamedTuple
 
 import torch
@@ -46,9 +51,59 @@ def resolved_configs() -> list[tuple[ResolvedKey, dict]]:
     return list(_RESOLVED.items())
 
 
-def autotune_enabled() -> bool:
-    """Tuning on a cache miss is on unless ``FA_LAB_TRITON_AUTOTUNE`` is 0/false/no."""
-    return os.environ.get("FA_LAB_TRITON_AUTOTUNE", "1").strip() not in ("0", "false", "no")
+#: FA_LAB_TRITON_AUTOTUNE value -> what a cache miss does
+AUTOTUNE_MODES = {"": "quick", "quick": "quick", "1": "full", "true": "full", "yes": "full", "full": "full",
+                  "0": "off", "false": "off", "no": "off", "off": "off"}
+#: a quick choice times at most this many winners of nearby keys (plus the default)
+QUICK_NEIGHBOURS = 3
+
+
+def autotune_mode() -> str:
+    """What a call does on a cache miss, from ``FA_LAB_TRITON_AUTOTUNE``.
+
+    ``quick`` (unset): time the winners of the nearest tuned keys and the default, a few seconds.
+    ``full`` (1): time the whole candidate space, tens of seconds.  ``off`` (0): time nothing;
+    the nearest tuned key's winner runs, or the default.
+    """
+    value = os.environ.get("FA_LAB_TRITON_AUTOTUNE", "").strip().lower()
+    if value not in AUTOTUNE_MODES:
+        raise ValueError(f"FA_LAB_TRITON_AUTOTUNE={value!r}: expected quick (the default), 1/full or 0/off")
+    return AUTOTUNE_MODES[value]
+
+
+def _key_fields(key: str):
+    """(dtype, head dim, log2 of the query and key buckets, mask, space) of a config key."""
+    dtype, d, q, k, mask, space = key.split("|")
+    return dtype, d, math.log2(int(q[1:])), math.log2(int(k[1:])), mask, space
+
+
+def neighbour_configs(device: str, key: str, limit: int = QUICK_NEIGHBOURS) -> list[dict]:
+    """The winners of the cached keys nearest ``key``, nearest first, each configuration once.
+
+    Near means the same head dim, mask and variant space, and length buckets a few powers of two
+    away (the other 16-bit type counts as half a power: fp16 and bf16 tiles behave alike).
+    """
+    dtype, d, q, k, mask, space = _key_fields(key)
+    ranked = []
+    for table in (CACHE.user_entries(), CACHE.shipped_entries()):
+        for other in table.get(device, {}):
+            o_dtype, o_d, o_q, o_k, o_mask, o_space = _key_fields(other)
+            if (o_d, o_mask, o_space) != (d, mask, space) or other == key:
+                continue
+            if o_dtype != dtype and "float32" in (dtype, o_dtype):
+                continue
+            ranked.append((abs(q - o_q) + abs(k - o_k) + 0.5 * (o_dtype != dtype), other))
+    out = []
+    for _, other in sorted(ranked):
+        cfg = CACHE.get(device, other)
+        if cfg not in out:
+            out.append(cfg)
+    return out[:limit]
+
+
+def _say(message: str) -> None:
+    # a miss is rare and costs seconds: say so where a user looks, not through a logger they never set up
+    print(f"fa_lab: {message}", file=sys.stderr, flush=True)
 
 
 def precompile(launches) -> None:
@@ -129,22 +184,43 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
     if cfg is not None:
         return cfg
     key = configs.config_key(spec, work, space)
+    mode = "full" if retune else autotune_mode()
     cfg = None if retune else CACHE.get(device, key)
+    if cfg is not None and mode == "full" and CACHE.search(device, key) == "quick":
+        cfg = None   # the full search was asked for: a quick choice made earlier does not stand in for it
     if cfg is None:
         d_pad = configs.head_dim_pad(spec.head_dim)
+        default = configs.default_config(variant.space, d_pad, spec.n_q, spec.mask)
         # exact fp32 products run on the CUDA cores, not the Tensor Cores this chapter tunes for
         # (and their compiles are slow): they get the default unless asked to retune
         tensor_cores = work != torch.float32 or precision == "tf32"
-        if retune or (autotune_enabled() and tensor_cores):
+        if not (tensor_cores or retune):
+            cfg = default
+        elif mode == "full":
             cands = list(candidates or configs.candidate_configs(variant.space, d_pad, work.itemsize, spec.n_q))
             refine = ()
             if candidates is None and variant.space == "pipelined":
                 extra, refine = tuner_extras(spec, work, major)
                 cands += extra
+            started = time.perf_counter()
+            _say(f"tuning the Triton forward for {key}: the full search, {len(cands)} configurations ...")
             cfg = tune(launch, cands, key, refine=refine)
             CACHE.put(device, key, cfg)
+            _say(f"{key} tuned in {time.perf_counter() - started:.1f} s")
         else:
-            cfg = configs.default_config(variant.space, d_pad, spec.n_q, spec.mask)
+            # the winners of the nearest tuned keys: one of them is usually the winner here too,
+            # and timing a handful costs seconds where the full search costs tens of seconds
+            near = [c for c in neighbour_configs(device, key) if ws_fits or not c.get("ws")]
+            if mode == "off" or not near:
+                cfg = near[0] if near else default
+            else:
+                cands = near + ([default] if default not in near else [])
+                started = time.perf_counter()
+                _say(f"{key} is not tuned yet: timing {len(cands)} configurations, the winners of the nearest "
+                     "tuned keys and the default (`fa-lab tune` runs the full search ahead of time) ...")
+                cfg = dict(tune(launch, cands, key), search="quick")
+                CACHE.put(device, key, cfg)
+                _say(f"{key}: chosen in {time.perf_counter() - started:.1f} s")
     if cfg.get("ws") and not ws_fits:
         # a winner tuned on another problem of the same key (same length buckets) that this one
         # cannot run warp-specialized: the untuned default instead of a compile error
