@@ -1,8 +1,8 @@
 import os
 import warnings
 
-# Tests check answers, not speed: on a GPU, Triton kernels run their shipped or default launch
-# configuration instead of tuning every new shape (tuning is the benchmarks' job).
+# Tests check answers, not speed: on a GPU, Triton kernels run a shipped launch configuration (the
+# key's own, or its nearest tuned key's) or the default, and time nothing (tuning is the benchmarks' job).
 os.environ.setdefault("FA_LAB_TRITON_AUTOTUNE", "0")
 
 # fa_lab must be imported before numba or triton: it chooses the world (GPU or simulator).
