@@ -4,6 +4,8 @@ nearest tuned keys (the default), the full search, or no timing (FA_LAB_TRITON_A
 The GPU-only parts (the device's name, timing a candidate) are replaced by stand-ins, so the
 policy itself runs in either world.
 """
+import json
+
 import pytest
 import torch
 
@@ -27,9 +29,11 @@ SHIPPED = {
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A cache whose shipped table is SHIPPED, with an empty user file."""
-    monkeypatch.setenv("FA_LAB_CACHE_DIR", str(tmp_path))
+    shipped = tmp_path / "shipped.json"
+    shipped.write_text(json.dumps({"configs": {DEVICE: {k: dict(v, ws=False) for k, v in SHIPPED.items()}}}))
+    monkeypatch.setattr(ConfigCache, "SHIPPED", shipped)
+    monkeypatch.setenv("FA_LAB_CACHE_DIR", str(tmp_path / "user"))
     fresh = ConfigCache()
-    fresh._shipped = {DEVICE: {k: dict(v, ws=False) for k, v in SHIPPED.items()}}
     monkeypatch.setattr(tuner, "CACHE", fresh)
     return fresh
 
@@ -98,7 +102,7 @@ def test_neighbours_are_the_nearest_keys_of_the_same_head_dim_mask_and_space(cac
 def test_the_default_is_timed_once_when_a_neighbour_has_it(gpu, cache, monkeypatch):
     monkeypatch.delenv("FA_LAB_TRITON_AUTOTUNE", raising=False)
     default = tuner.configs.default_config("pipelined", 128, 2048, "causal")
-    cache._shipped[DEVICE]["bfloat16|d128|q4096|k4096|causal|pipelined"] = dict(default)
+    cache.put(DEVICE, "bfloat16|d128|q4096|k4096|causal|pipelined", dict(default))   # the user's entry wins
     choose(*problem(n=2048))
     assert len(gpu[0]) == 3 and gpu[0][0] == default
 
