@@ -19,7 +19,9 @@ For each problem, in one run and on the same inputs:
   the same size timed the same way (its bandwidth counts the bytes read and written);
 * ``host_us_per_call``: wall clock per eager call of many calls with one synchronisation at the end,
   measured separately (``fa_lab.bench.timer.back_to_back_ms``);
-* ``splits``: the split count ours chose.
+* ``splits``: the split count ours chose; ``pool_order``: whether it read the pages in pool order
+  (``fa_lab.kernels.decode.pool_order``).  Where it did, ``triton_decode_key_order`` is ours made to read
+  them in key order (``config=dict(POOL_ORDER=False)``), timed in the same rounds.
 
 The ``splits`` section times ours at fixed split counts (``num_splits=``) beside the heuristic's.
 Writes gpu_ch9.json (fa_lab.bench.records format) into DIR (default fa_lab/data).  ``--quick`` runs
@@ -114,9 +116,9 @@ def paged(k, v, page_size, seed=2, placement="scattered"):
     return pools[0], pools[1], table
 
 
-def splits_chosen(q, k, v, **cache) -> int:
-    """The split count ``decode_forward`` picks for this call (its own plan)."""
-    return decode_plan(q, k, v, **cache).splits
+def plan_of(q, k, v, **cache):
+    """The plan ``decode_forward`` makes for this call: its split count, and whether it reads in pool order."""
+    return decode_plan(q, k, v, **cache)
 
 
 def sdpa_call(name, q, k, v):
@@ -165,12 +167,22 @@ def measure_row(row, dtype, mode, page_size=0, placement="scattered"):
             o = fns["triton_decode"]()[0]
             recs["triton_decode"] = head("decode", "triton_decode", row, dtype, page_size, placement, status="ok",
                                          max_abs_diff_vs_contiguous=float((o.float() - o_ref.float()).abs().max()))
+            if plan_of(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table).order_rows:
+                key_order = dict(POOL_ORDER=False)
+                fns["triton_decode_key_order"] = lambda: decode_forward(q, k_pages, v_pages, cache_seqlens=seqlens,
+                                                                        block_table=table, scale=None,
+                                                                        config=key_order)
+                recs["triton_decode_key_order"] = head("decode", "triton_decode_key_order", row, dtype, page_size,
+                                                       placement, status="ok", kv_bytes_read=kv_bytes, gqa="packed",
+                                                       splits=plan_of(q, k_pages, v_pages, cache_seqlens=seqlens,
+                                                                      block_table=table, config=key_order).splits)
         else:
             fns["triton_decode"] = lambda: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
             recs["triton_decode"] = head("decode", "triton_decode", row, dtype, status="ok")
         cache = dict(k=k_pages, v=v_pages, block_table=table) if page_size else dict(k=k, v=v)
-        recs["triton_decode"].update(splits=splits_chosen(q, cache_seqlens=seqlens, **cache),
-                                     kv_bytes_read=kv_bytes, gqa="packed")
+        plan = plan_of(q, cache_seqlens=seqlens, **cache)
+        recs["triton_decode"].update(splits=plan.splits, pool_order=bool(plan.order_rows), kv_bytes_read=kv_bytes,
+                                     gqa="packed")
         for name in SDPA:
             rec = recs[name] = head("decode", name, row, dtype, page_size, placement)
             if page_size:
@@ -188,7 +200,8 @@ def measure_row(row, dtype, mode, page_size=0, placement="scattered"):
         recs["copy"] = head("decode", "copy", row, dtype, page_size, placement, status="ok", kv_bytes_read=kv_bytes)
 
         times, errors = interleaved(fns, rounds, lambda fn: gpu_us(fn, rep_ms))
-        hosts, _ = interleaved({n: f for n, f in fns.items() if n != "copy" and n not in errors}, rounds,
+        hosts, _ = interleaved({n: f for n, f in fns.items() if n not in ("copy", "triton_decode_key_order")
+                                and n not in errors}, rounds,
                                lambda fn: back_to_back_ms(fn, calls) * 1e3)
     for name, error in errors.items():
         recs[name]["status"] = error
@@ -214,7 +227,7 @@ def sweep_splits(row, dtype, mode, splits=SPLITS):
     q, k, v = make_cache(row, dtype)
     B, H, Hkv, Nq, Nk, D = row
     seqlens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
-    chosen = splits_chosen(q, k, v, cache_seqlens=seqlens)
+    chosen = plan_of(q, k, v, cache_seqlens=seqlens).splits
     fns = {s: (lambda s=s: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None, num_splits=s))
            for s in sorted({*splits, chosen})}
     with torch.no_grad():

@@ -465,3 +465,131 @@ def test_append_into_an_unmapped_page_is_refused_before_writing():
     with pytest.raises(ValueError, match="outside|map to blocks"):
         append_kv(x.k_cache, x.v_cache, new, new, x.seqlens, block_table=x.block_table)
     assert torch.equal(torch.nan_to_num(x.k_cache, nan=7.0), torch.nan_to_num(before, nan=7.0))
+
+
+# --- pages read in pool order (pool_order.py) -------------------------------------------------------------------
+
+def _tile_keys(dtype=torch.float16) -> int:
+    from fa_lab.kernels.decode.configs import decode_config
+
+    return decode_config(16, torch.empty((), dtype=dtype).element_size(), paged=True)["BLOCK_N"]
+
+
+POOL_ORDER_CASES = {
+    # (case, pages per key tile): tails (a partly filled last page), an empty sequence, GQA, several splits
+    "quarter-tile-pages-tails-gqa": (dict(lengths=(61, 0, 33, 7), heads=8, kv_heads=2, head_dim=64), 4),
+    "half-tile-pages-splits3-bf16": (dict(lengths=(90, 41), heads=4, kv_heads=1, head_dim=59, dtype=torch.bfloat16,
+                                          splits=3), 2),
+    "causal-one-query-softcap-fp32": (dict(lengths=(50, 17, 64), heads=2, kv_heads=2, head_dim=32,
+                                           dtype=torch.float32, splits=2, right=0, softcap=4.0), 4),
+}
+
+
+@pytest.mark.parametrize("name", list(POOL_ORDER_CASES))
+def test_pages_read_in_pool_order_match_the_reference(name):
+    import fa_lab.kernels.decode.forward as forward
+
+    fields, pages_per_tile = POOL_ORDER_CASES[name]
+    case = Case(**fields, page_size=_tile_keys(fields.get("dtype", torch.float16)) // pages_per_tile)
+    seed = stable_seed("pool-order", name)
+    x = make_inputs(case, seed)
+    plan = forward.decode_plan(x.q, x.k_cache, x.v_cache, cache_seqlens=x.seqlens, block_table=x.block_table,
+                               num_splits=case.splits, config=dict(POOL_ORDER=True), softcap=case.softcap,
+                               right=case.right)
+    assert plan.order_rows > 0 and plan.split_kv.meta["POOL_ORDER"]   # the path under test, not key order
+    o, lse = run(case, x, config=dict(POOL_ORDER=True))
+    check(case, x, o, lse, f"{name} (seed={seed})")
+
+
+def test_pool_order_is_kept_only_where_key_positions_do_not_matter():
+    import fa_lab.kernels.decode.forward as forward
+
+    page = _tile_keys() // 4
+    base = dict(lengths=(40, 9), heads=4, kv_heads=1, head_dim=16, page_size=page, n_q=1)
+    wanted = {  # fields -> whether the order may change
+        (): True, (("right", 0),): True, (("softcap", 2.0),): True,
+        (("left", 5),): False, (("alibi", True),): False, (("n_q", 3), ("right", 0)): False,
+        (("page_size", 0),): False, (("page_size", _tile_keys()),): False, (("page_size", page - 1),): False,
+    }
+    for extra, expected in wanted.items():
+        case = Case(**{**base, **dict(extra)})
+        x = make_inputs(case, stable_seed("pool-order-rules", extra))
+        plan = forward.decode_plan(x.q, x.k_cache, x.v_cache, cache_seqlens=x.seqlens, block_table=x.block_table,
+                                   left=case.left, right=case.right, softcap=case.softcap, alibi_slopes=x.slopes,
+                                   config=dict(POOL_ORDER=True))
+        assert bool(plan.order_rows) is expected, extra
+        o, lse = run(case, x, config=dict(POOL_ORDER=True))
+        check(case, x, o, lse, f"pool order rule {extra}")
+
+
+def test_pool_order_is_chosen_for_one_wave_of_programs():
+    from fa_lab.kernels.decode.configs import MAX_ORDERED_PAGES, pool_order_wanted
+
+    # (B, Hkv) = (8, 8) on 132 SMs: 64 programs, one wave, one split: sorted; (64, 8): 512 programs in four
+    # waves, not; one sequence in 15 splits, not
+    assert pool_order_wanted(64, 1, 512, 132, None)
+    assert not pool_order_wanted(512, 1, 128, 132, None)
+    assert not pool_order_wanted(8, 15, 256, 132, None)
+    assert pool_order_wanted(512, 1, 128, 132, True) and not pool_order_wanted(64, 1, 512, 132, False)
+    assert not pool_order_wanted(64, 1, 2 * MAX_ORDERED_PAGES, 132, True)   # a sort that big does not fit
+    # read in pool order, the 64 programs need no split; read in key order they get two
+    assert num_splits_heuristic(64, 8192, 128, 132) == 1
+    assert num_splits_heuristic(64, 8192, 128, 132, gather=True) == 2
+
+
+def test_pool_order_rows_are_reused_only_while_table_and_length_are_the_same(monkeypatch):
+    # every call shares one buffer (as the calls of one plan on one stream do), so the rows one call wrote are what
+    # the next call finds: it must use them while the table row and the length are unchanged, and sort again after
+    import fa_lab.kernels.decode.forward as forward
+    from fa_lab.kernels.decode.pool_order import HEADER, TAG
+
+    page = _tile_keys() // 4
+    case = Case((45, 30), heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, page_size=page, splits=1)
+    x = make_inputs(case, stable_seed("pool-order-reuse"))
+    shared = {}
+
+    def one_buffer(rows, max_pages, device):
+        if "t" not in shared:   # whatever the memory held: here a pattern that looks like nothing
+            shared["t"] = torch.full((rows, HEADER.value + 2 * max_pages), 12345, dtype=torch.int32, device=device)
+        return shared["t"]
+
+    monkeypatch.setattr(forward, "order_buffer", one_buffer)
+    o, lse = run(case, x, config=dict(POOL_ORDER=True))
+    check(case, x, o, lse, "first call")
+    buf = shared["t"].cpu()
+    max_pages = (buf.shape[1] - HEADER.value) // 2
+    for b, L in enumerate(case.lengths):
+        row = buf[b]
+        n_pages, n_full = -(-L // page), L // page
+        table_row = x.block_table[b, :n_pages].cpu()
+        assert int(row[0]) == TAG.value and int(row[1]) == L
+        assert torch.equal(row[HEADER.value:HEADER.value + n_pages], table_row)
+        ordered = row[HEADER.value + max_pages:HEADER.value + max_pages + n_pages]
+        assert torch.equal(ordered[:n_full], table_row[:n_full].sort().values)   # full pages by block number
+        assert torch.equal(ordered[n_full:], table_row[n_full:])                 # the partial page last
+
+    # the same table and lengths: the rows are used as they are (spoil one sorted block and the answer moves)
+    ordered_0 = HEADER.value + max_pages
+    kept = shared["t"][0, ordered_0].clone()
+    shared["t"][0, ordered_0] = shared["t"][0, ordered_0 + 1]
+    o_spoiled, _ = run(case, x, config=dict(POOL_ORDER=True))
+    assert not torch.allclose(o_spoiled[0].float(), o[0].float())
+    shared["t"][0, ordered_0] = kept
+    o, lse = run(case, x, config=dict(POOL_ORDER=True))
+    check(case, x, o, lse, "rows reused")
+
+    # a page moved to another block (table changed in place): sorted again
+    b0 = int(x.block_table[0, 0])
+    spare = min(set(range(x.k_cache.shape[0])) - set(x.block_table.flatten().tolist()))   # a block no page maps to
+    for t in (x.k_cache, x.v_cache):
+        t[spare] = t[b0]
+        t[b0] = float("nan")
+    x.block_table[0, 0] = spare
+    o, lse = run(case, x, config=dict(POOL_ORDER=True))
+    check(case, x, o, lse, "a page moved")
+
+    # shorter sequences (the partial page changes): sorted again, and the length mask still falls on the right keys
+    shorter = (case.lengths[0] - page + 3, case.lengths[1] - 1)
+    x.seqlens.copy_(torch.tensor(shorter, dtype=torch.int32))
+    o, lse = run(case, x, config=dict(POOL_ORDER=True))
+    check(case, x, o, lse, "shorter", lengths=shorter)

@@ -145,9 +145,13 @@ def synthetic(tmp_path) -> pd.DataFrame:
         _rec("decode", "sdpa-flash", shape, page_size=16, status="unsupported: SDPA takes no paged KV cache"),
         _rec("decode", "copy", shape, page_size=16, status="ok", gpu_us=2 * kv / 3e12 * 1e6, bandwidth=3e12,
              kv_bytes=kv),
-        # the same pages in the order an allocator hands them out (the row above, older, names no placement)
+        # the same pages in the order an allocator hands them out (the row above, older, names no placement),
+        # read in pool order, and in key order beside it
         _rec("decode", "triton_decode", shape, page_size=16, placement="allocator order", status="ok",
-             gpu_us=1.05 * us, bandwidth=2.4e12 / 1.05, splits=2, kv_bytes=kv, host_us_per_call=41.0),
+             gpu_us=1.05 * us, bandwidth=2.4e12 / 1.05, splits=1, pool_order=True, kv_bytes=kv,
+             host_us_per_call=41.0),
+        _rec("decode", "triton_decode_key_order", shape, page_size=16, placement="allocator order", status="ok",
+             gpu_us=1.1 * us, bandwidth=2.4e12 / 1.1, splits=2, kv_bytes=kv),
     ]
     rows += [_rec("splits", "triton_decode", shape, num_splits=s, chosen=s == 1, gpu_us=us * (1 + 0.1 * (s == 4)),
                   status="ok") for s in (1, 2, 4)]
@@ -161,6 +165,7 @@ def synthetic(tmp_path) -> pd.DataFrame:
 
 def test_summary_and_quoted_numbers_of_a_synthetic_recording(tmp_path):
     df = synthetic(tmp_path)
+    us = 2 * 8 * 8 * 8192 * 128 * 2 / 2.4e12 * 1e6
     summary = decoding.recorded_summary(df)
     assert list(summary["cache"]) == ["contiguous", "paged, 16-token pages, scattered",
                                       "paged, 16-token pages, allocator order"]
@@ -174,6 +179,10 @@ def test_summary_and_quoted_numbers_of_a_synthetic_recording(tmp_path):
     assert values["host_ours"] == "40 µs" and values["host_sdpa"] == "20 µs"
     assert values["paged_16"] == "1.25×" and values["paged_256"] == decoding.NOT_RECORDED
     assert values["paged_16_in_order"] == "1.05×" and values["paged_splits"] == "1"   # the scattered pages' splits
+    assert values["paged_16_in_order_key_order"] == "1.10×" and values["paged_16_key_order"] == decoding.NOT_RECORDED
+    assert values["paged_16_vs_cudnn"] == "1.60×"    # cuDNN on the contiguous cache (2·us) ÷ ours on pages (1.25·us)
+    assert list(summary["order"])[1:] == ["key", "pool"] and pd.isna(summary.iloc[0]["order"])
+    assert summary.iloc[2]["key_order_us"] == pytest.approx(1.1 * us) and pd.isna(summary.iloc[1]["key_order_us"])
     assert "heuristic's S = 1 took 1.00× the time of the fastest, S = 1" in values["sweep"]
     assert "(1, 32, 8, 1, 65536, 128) the heuristic's S = 29 took 1.00× the time of the fastest, S = 16" \
         in values["sweep"]

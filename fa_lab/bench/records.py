@@ -87,7 +87,7 @@ SOURCES = {
     "gpu_ch8": ("kernels/varlen", "kernels/triton", "flash_attn"),
     # what decode_forward runs (the recording never appends to a cache: cache.py is not in it)
     "gpu_ch9": tuple(f"kernels/decode/{f}.py" for f in ("checks", "combine", "configs", "forward", "kernel",
-                                                         "launching")),
+                                                         "launching", "pool_order")),
     "gpu_ch10": ("kernels/varlen", "kernels/triton", "flash_attn"),
     "gpu_first_call": ("kernels/triton",),
     SUITE_PREFIX: (*PART_ONE_KERNELS, "bench/peers.py"),

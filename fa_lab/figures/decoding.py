@@ -237,13 +237,21 @@ def _layout(r) -> str:
     return f"paged, {int(r['page_size'])}-token pages, {_placement(r)}"
 
 
+def _order(ours: dict, first: dict) -> str | None:
+    """How ours visited a paged cache's pages: ``pool`` (ascending block number) or ``key`` (the table's order)."""
+    if not first.get("page_size"):
+        return None
+    return "pool" if ours.get("pool_order") is True else "key"
+
+
 def recorded_summary(df):
     """One row per (dtype, shape, cache layout) of a ``gpu_ch9`` recording's ``decode`` section.
 
-    Columns: ``dtype``, ``shape`` (B, H, Hkv, Nq, Nk, D), ``cache``, ``splits`` (ours), the CUDA-graph
-    GPU time of each implementation (``<impl>_us``, or its status), ``ours (TB/s)``, the share of the
-    measured copy bandwidth ours reaches, the speed-ups over SDPA's backends and the host time per
-    eager call (ours and SDPA flash's).
+    Columns: ``dtype``, ``shape`` (B, H, Hkv, Nq, Nk, D), ``cache``, ``splits`` and ``order`` (ours: a
+    paged cache's pages visited in ``pool`` or ``key`` order), the CUDA-graph GPU time of each
+    implementation (``<impl>_us``, or its status), ``key_order_us`` (ours made to keep key order, where it
+    chose pool order), ``ours (TB/s)``, the share of the measured copy bandwidth ours reaches, the
+    speed-ups over SDPA's backends and the host time per eager call (ours and SDPA flash's).
     """
     import pandas as pd
 
@@ -254,7 +262,8 @@ def recorded_summary(df):
         first = dict(zip(keys, key))
         by = {r["impl"]: r for r in part.to_dict("records")}
         ours = by.get("triton_decode", {})
-        row = dict(dtype=first["dtype"], shape=_shape(first), cache=_layout(first), splits=ours.get("splits"))
+        row = dict(dtype=first["dtype"], shape=_shape(first), cache=_layout(first), splits=ours.get("splits"),
+                   order=_order(ours, first))
         for impl in IMPLS:
             r = by.get(impl)
             ok = r is not None and r.get("status") == "ok"
@@ -267,6 +276,9 @@ def recorded_summary(df):
             r = by.get(impl, {})
             if ours.get("status") == "ok" and r.get("status") == "ok":
                 row[f"vs_{impl.replace('-', '_')}"] = r["gpu_us"] / ours["gpu_us"]
+        key_order = by.get("triton_decode_key_order", {})
+        if key_order.get("status") == "ok" and ours.get("status") == "ok":
+            row["key_order_us"] = key_order["gpu_us"]
         row["ours_host_us"] = ours.get("host_us_per_call")
         row["sdpa_flash_host_us"] = by.get("sdpa-flash", {}).get("host_us_per_call")
         rows.append(row)
@@ -285,7 +297,8 @@ def recorded_values(df=None) -> dict:
     """The numbers the chapter's prose quotes from a ``gpu_ch9`` recording, as text; every one is
     ``NOT_RECORDED`` when ``df`` is None (no recording) or lacks it."""
     names = ("of_copy", "vs_flash", "vs_cudnn", "host_ours", "host_sdpa", "eager_ours", "eager_sdpa", "eager_worst",
-             "paged_16", "paged_256", "paged_16_in_order", "paged_splits", "copy_tbs", "sweep")
+             "paged_16", "paged_256", "paged_16_in_order", "paged_splits", "paged_16_key_order",
+             "paged_16_in_order_key_order", "paged_16_vs_cudnn", "copy_tbs", "sweep")
     values = dict.fromkeys(names, NOT_RECORDED)
     if df is None or len(df) == 0:
         return values
@@ -311,16 +324,31 @@ def recorded_values(df=None) -> dict:
             values["eager_worst"] = f"{_shape(worst)} in {worst['dtype']} ({_layout(worst)} cache)"
     copies = dec[dec["impl"] == "copy"]["bandwidth"].tolist()
     values["copy_tbs"] = _range([c / 1e12 for c in copies], lambda v: f"{v:.2f} TB/s")
-    ours = _placed(dec[dec["impl"] == "triton_decode"])
-    for name, page, placement in (("paged_16", 16, "scattered"), ("paged_256", 256, "scattered"),
-                                  ("paged_16_in_order", 16, "allocator order")):
+    placed = _placed(dec)
+    ours = placed[placed["impl"] == "triton_decode"]
+    contiguous_of = lambda impl, r: placed[(placed["impl"] == impl) & (placed["page_size"] == 0)  # noqa: E731
+                                          & (placed["dtype"] == r["dtype"]) & (placed["batch"] == r["batch"])
+                                          & (placed["n_k"] == r["n_k"])]["gpu_us"].tolist()
+    # paged time ÷ our contiguous time, in the order ours chose and in key order
+    for name, impl, page, placement in (
+            ("paged_16", "triton_decode", 16, "scattered"), ("paged_256", "triton_decode", 256, "scattered"),
+            ("paged_16_in_order", "triton_decode", 16, "allocator order"),
+            ("paged_16_key_order", "triton_decode_key_order", 16, "scattered"),
+            ("paged_16_in_order_key_order", "triton_decode_key_order", 16, "allocator order")):
         ratios = []
-        for r in ours[(ours["page_size"] == page) & (ours["placement"] == placement)].to_dict("records"):
-            same = ours[(ours["page_size"] == 0) & (ours["dtype"] == r["dtype"]) & (ours["batch"] == r["batch"])
-                        & (ours["n_k"] == r["n_k"])]
-            if len(same):
-                ratios.append(r["gpu_us"] / same["gpu_us"].iloc[0])
+        for r in placed[(placed["impl"] == impl) & (placed["page_size"] == page)
+                        & (placed["placement"] == placement)].to_dict("records"):
+            same = contiguous_of("triton_decode", r)
+            if same:
+                ratios.append(r["gpu_us"] / same[0])
         values[name] = _range(ratios, times)
+    # SDPA cuDNN on the contiguous cache ÷ ours on 16-token scattered pages (SDPA takes no paged cache)
+    ratios = []
+    for r in ours[(ours["page_size"] == 16) & (ours["placement"] == "scattered")].to_dict("records"):
+        cudnn = contiguous_of("sdpa-cudnn", r)
+        if cudnn:
+            ratios.append(cudnn[0] / r["gpu_us"])
+    values["paged_16_vs_cudnn"] = _range(ratios, times)
     paged_splits = [int(v) for v in ours[(ours["page_size"] > 0) & (ours["placement"] == "scattered")].get("splits", [])
                     if v == v]
     values["paged_splits"] = _range(paged_splits, str)

@@ -2,15 +2,16 @@
 
 Other packages import from here only.  The modules, one idea each:
 
-=============  ===============================================================================
-``kernel``     the split-KV kernel: GQA-packed query tiles, key splits, contiguous or paged cache
-``combine``    the second kernel: merging the splits' partial outputs by their log-sum-exp
-``configs``    every launch knob (tiles, warps, stages by head dim and dtype) and the split heuristic
-``checks``     the one input check of a decoding call (``DecodeProblem``)
-``forward``    ``decode_forward``: check, choose, launch
-``cache``      ``append_kv``: new keys and values into the cache, in place
-``adapter``    the fixed-length adapter registered as ``triton_decode``
-=============  ===============================================================================
+==============  ===============================================================================
+``kernel``      the split-KV kernel: GQA-packed query tiles, key splits, contiguous or paged cache
+``combine``     the second kernel: merging the splits' partial outputs by their log-sum-exp
+``pool_order``  small pages visited in ascending block number, the sorted order kept between calls
+``configs``     every launch knob (tiles, warps, stages by head dim and dtype) and the split heuristic
+``checks``      the one input check of a decoding call (``DecodeProblem``)
+``forward``     ``decode_forward``: check, choose, launch
+``cache``       ``append_kv``: new keys and values into the cache, in place
+``adapter``     the fixed-length adapter registered as ``triton_decode``
+==============  ===============================================================================
 """
 from fa_lab.core.world import HAS_TRITON, TRITON_MISSING
 from fa_lab.kernels.decode.cache import append_kv

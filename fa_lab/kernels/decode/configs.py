@@ -50,15 +50,18 @@ PROGRAMS_PER_SM = 1
 #: stages of 128-key tiles in flight, already read at the HBM copy bandwidth, and splitting them 2 or 4
 #: ways was slower (the partial outputs and the merge cost more than they gain)
 SATURATING_PROGRAMS_PER_SM = 0.45
-#: the same for a cache whose pages are smaller than a key tile: every key loads its own block number, and
-#: these loads and their address arithmetic slow each program's loop (issue-bound at 4 warps per SM), so the
-#: H100 read such a cache fastest with twice the programs (16-token pages; pages that hold whole tiles
-#: keep the contiguous cache's rule)
+#: the same for a cache whose pages are smaller than a key tile, read in key order: the pages of a sequence
+#: lie anywhere in the pool, and with one program per (sequence, K/V head) the H100 read 16-token pages
+#: scattered at random fastest with twice the programs (pages that hold whole tiles keep the contiguous
+#: cache's rule, and so do pages read in pool order)
 GATHER_SATURATING_PROGRAMS_PER_SM = 1.0
 #: software-pipeline stages a paged cache adds: a tile's K and V loads wait on a load from the block table,
 #: and Triton's pipeliner gives each level of such indirection its share of the stages, so two more stages
 #: keep two tiles of K and V in flight, as the contiguous loop does with the table's stages
 PAGED_EXTRA_STAGES = 2
+#: the most pages one program sorts to read them in pool order (``pool_order.py``): the sort holds them in
+#: registers, and on the H100 sorting 512 took about 2 µs, paid again by every call whose table row changed
+MAX_ORDERED_PAGES = 1024
 #: element offsets into a cache are int32 when its largest one is below this (int64 otherwise)
 OFFS32_LIMIT = 2 ** 31
 #: flash-attn's ceiling on splits: beyond it the merge costs more than the parallelism gains
@@ -82,7 +85,9 @@ def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None, p
     """The split-KV kernel's launch configuration for a head dim and the element size it computes in.
 
     A dict with ``BLOCK_N``, ``MAX_BLOCK_M``, ``num_warps`` and ``num_stages`` (``PAGED_EXTRA_STAGES``
-    more for a ``paged`` cache); ``overrides`` replaces some of them (a tuning run), checked here.
+    more for a ``paged`` cache), and ``POOL_ORDER`` (None: ``pool_order_wanted`` decides; True: read small pages
+    in pool order wherever keys may be reordered; False: never); ``overrides`` replaces some of them (a tuning
+    run or a test), checked here.
     """
     if not ON_GPU:
         cfg = dict(CPU_CONFIG)
@@ -93,9 +98,15 @@ def decode_config(head_dim: int, itemsize: int, overrides: dict | None = None, p
             block_n = max(MIN_TILE, block_n * 2 // itemsize)
         stages += PAGED_EXTRA_STAGES if paged else 0
         cfg = dict(BLOCK_N=block_n, MAX_BLOCK_M=GPU_MAX_BLOCK_M[block_d], num_warps=warps, num_stages=stages)
+    cfg["POOL_ORDER"] = None
     for key, value in (overrides or {}).items():
         if key not in cfg:
             raise ValueError(f"config keys are {sorted(cfg)}, got {key!r}")
+        if key == "POOL_ORDER":
+            if value not in (None, True, False):
+                raise ValueError(f"config POOL_ORDER must be None (decide), True or False, got {value!r}")
+            cfg[key] = value
+            continue
         tile = key in ("BLOCK_N", "MAX_BLOCK_M")
         if not isinstance(value, int) or value < (MIN_TILE if tile else 1) or (
                 key != "num_stages" and value & (value - 1)):
@@ -145,3 +156,18 @@ def num_splits_heuristic(programs: int, max_keys: int, block_n: int, sms: int, g
     efficiency = {s: wave_efficiency(programs * s, slots) for s in candidates}
     best = max(efficiency.values())
     return next(s for s in candidates if efficiency[s] >= 0.85 * best)
+
+
+def pool_order_wanted(programs: int, splits: int, pages_per_split: int, sms: int, forced: bool | None) -> bool:
+    """Whether a call whose keys may be visited in any order reads its small pages in pool order.
+
+    Each program checks (and when its table row changed, sorts) its pages before its first tile
+    (``pool_order.py``), a cost paid once per program.  On the H100 it paid off when one wave of
+    programs (``PROGRAMS_PER_SM · sms`` slots) read whole sequences, one split each: at (B, Hkv) = (8, 8)
+    and 8192 keys.  With a sequence cut into 15 splits, or 512 programs in four waves, it did not.  Each
+    program sorts at most ``MAX_ORDERED_PAGES``.  ``forced`` (the config's ``POOL_ORDER``) True or False
+    decides instead, within that page limit.
+    """
+    if pages_per_split > MAX_ORDERED_PAGES or forced is False:
+        return False
+    return forced is True or (splits == 1 and programs * splits <= PROGRAMS_PER_SM * sms)

@@ -20,10 +20,19 @@ import torch
 from fa_lab.core.world import ON_GPU
 from fa_lab.kernels.decode.checks import DecodeProblem, check_decode, check_out
 from fa_lab.kernels.decode.combine import combine_launch
-from fa_lab.kernels.decode.configs import (OFFS32_LIMIT, decode_config, head_dim_block, num_splits_heuristic,
-                                           query_block, sm_count)
+from fa_lab.kernels.decode.configs import (
+    OFFS32_LIMIT,
+    decode_config,
+    head_dim_block,
+    next_power_of_2,
+    num_splits_heuristic,
+    pool_order_wanted,
+    query_block,
+    sm_count,
+)
 from fa_lab.kernels.decode.kernel import LOG2E, PAGE_GATHER, decode_split_kv, layout_of
 from fa_lab.kernels.decode.launching import Launch, run
+from fa_lab.kernels.decode.pool_order import order_buffer
 
 #: the largest grid size along CUDA's second and third axes (splits, query tiles)
 GRID_LIMIT = 65535
@@ -45,6 +54,8 @@ class Plan(NamedTuple):
     combine: Launch | None         # None with one split
     split_key: tuple | None        # fast-launch keys (GPU only)
     combine_key: tuple | None
+    order_rows: int                # programs that read their pages in pool order (0: key order)
+    orders: dict                   # their buffers, one per CUDA stream (None in the CPU world)
 
 
 #: call signature -> Plan
@@ -88,8 +99,18 @@ def plan_decode(p: DecodeProblem, q, k_cache, v_cache, o_work, lse, *, cache_seq
     rows = p.group * Nq
     block_m = query_block(rows, cfg["MAX_BLOCK_M"])
     m_tiles = math.ceil(rows / block_m)
-    splits = p.num_splits or num_splits_heuristic(B * p.kv_heads * m_tiles, p.max_keys, block_n, sm_count(device),
-                                                  gather=layout == PAGE_GATHER)
+    programs, sms = B * p.kv_heads * m_tiles, sm_count(device)
+    # pages that tile a key tile may be read in any order when no key's position matters but the length's
+    # (no ALiBi, no left window, and a right window that every key passes: one query)
+    reorderable = (layout == PAGE_GATHER and block_n % p.page_size == 0 and p.left < 0 and slopes is None
+                   and (p.right < 0 or Nq == 1))
+    splits = p.num_splits or num_splits_heuristic(programs, p.max_keys, block_n, sms,
+                                                  gather=layout == PAGE_GATHER and not reorderable)
+    tiles = -(-p.max_keys // block_n)
+    max_pages = max(next_power_of_2(-(-tiles // splits) * block_n // max(p.page_size, 1)), 1)
+    ordered = reorderable and pool_order_wanted(programs, splits, max_pages, sms, cfg["POOL_ORDER"])
+    if reorderable and not ordered and not p.num_splits:   # read in key order: the gathering rule
+        splits = num_splits_heuristic(programs, p.max_keys, block_n, sms, gather=True)
     if max(splits, m_tiles) > GRID_LIMIT:
         raise ValueError(f"{splits} splits and {m_tiles} query tiles of {block_m} rows: a CUDA grid holds at most "
                          f"{GRID_LIMIT} of each (fewer splits, or fewer queries per call)")
@@ -111,6 +132,7 @@ def plan_decode(p: DecodeProblem, q, k_cache, v_cache, o_work, lse, *, cache_seq
         SPLIT=splits > 1, PRECISION="ieee" if work == torch.float32 else None,
         OFFS32=max(largest_offset(k_cache), largest_offset(v_cache)) < OFFS32_LIMIT,
         KV_SAME=k_cache.stride() == v_cache.stride(),
+        POOL_ORDER=ordered, MAX_PAGES=max_pages if ordered else 1,
     )
     split_kv = Launch(decode_split_kv, (B * p.kv_heads, splits, m_tiles), scalars, meta, cfg["num_warps"],
                       cfg["num_stages"])
@@ -118,7 +140,18 @@ def plan_decode(p: DecodeProblem, q, k_cache, v_cache, o_work, lse, *, cache_seq
     combine = combine_launch((B, Nq, H, splits, D), o_work, lse.transpose(1, 2)) if splits > 1 else None
     on_gpu = ON_GPU and device.type == "cuda"
     return Plan(p, splits, split_kv, combine, split_kv.key(device) if on_gpu else None,
-                combine.key(device) if on_gpu and combine else None)
+                combine.key(device) if on_gpu and combine else None,
+                programs * splits if ordered else 0, {})
+
+
+def order_rows_of(plan: Plan, device) -> torch.Tensor:
+    """The pool-order buffer of ``plan`` for the current stream (made on first use).  Two streams running the
+    same plan at once would otherwise share rows; kernels on one stream run one after another."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    buffer = plan.orders.get(stream)
+    if buffer is None:
+        buffer = plan.orders[stream] = order_buffer(plan.order_rows, plan.split_kv.meta["MAX_PAGES"], device)
+    return buffer
 
 
 def decode_plan(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None, cache_batch_idx=None, scale=None,
@@ -201,7 +234,8 @@ def decode_forward(q, k_cache, v_cache, *, cache_seqlens=None, block_table=None,
                         unused if cache_seqlens is None else cache_seqlens,
                         unused if block_table is None else block_table,
                         unused if cache_batch_idx is None else cache_batch_idx,
-                        unused if slopes is None else slopes), plan.split_key)
+                        unused if slopes is None else slopes,
+                        order_rows_of(plan, device) if plan.order_rows else unused), plan.split_key)
     if plan.combine is not None:
         run(plan.combine, (o_part, lse_part, o_work, lse.transpose(1, 2)), plan.combine_key)
     if o_work is not o:

@@ -14,6 +14,8 @@ One program handles one (sequence, K/V head, split) and one tile of query rows:
   paged, key ``j`` of sequence ``b`` at row ``j % page_size`` of block
   ``block_table[b, j // page_size]``.  When ``page_size`` is a multiple of ``BLOCK_N`` a tile
   never leaves its page: one block-table read per tile.  Otherwise each key finds its block.
+* **Pool order** (``POOL_ORDER``, pages that tile a key tile): the program visits its split's
+  pages in ascending block number rather than in key order (``pool_order.py``).
 
 The online softmax is chapter 2's: a running max ``m_i``, sum ``l_i`` and unnormalised
 ``acc`` per row, all fp32, with the scale folded into ``exp2``.  Keys past the sequence's
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from fa_lab.kernels.decode.pool_order import pool_order
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x · LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # lse = (m + log2 l) · LN2
@@ -89,7 +93,7 @@ def kv_row_offsets(start_n, offs_n, key_ok, k_seq, v_seq, SEQ_BLOCKS, stride_kb,
 
 @triton.jit
 def decode_split_kv(
-    Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, BATCH_IDX, SLOPES,
+    Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, BATCH_IDX, SLOPES, ORDER,
     stride_qb, stride_qn, stride_qh, stride_qd,
     stride_kb, stride_kn, stride_kh, stride_kd,
     stride_vb, stride_vn, stride_vh, stride_vd,
@@ -101,6 +105,7 @@ def decode_split_kv(
     LAYOUT: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, PRECISION: tl.constexpr, OFFS32: tl.constexpr, KV_SAME: tl.constexpr,
+    POOL_ORDER: tl.constexpr, MAX_PAGES: tl.constexpr,
 ):
     """Grid ``(batch · kv_heads, splits, query tiles)``.
 
@@ -160,6 +165,10 @@ def decode_split_kv(
     k_seq = cache_row * stride_kb   # (only a contiguous cache reads these)
     v_seq = cache_row * stride_vb
     seq_blocks = BLOCK_TABLE + b64 * stride_bt
+    if POOL_ORDER:
+        # this program's row of ORDER: one per (sequence, K/V head, split, query tile)
+        row = (pid_bk * tl.num_programs(1) + split) * tl.num_programs(2) + pid_m
+        seq_blocks = pool_order(seq_blocks, ORDER, row, start, stop, PAGE_SIZE=PAGE_SIZE, MAX_PAGES=MAX_PAGES)
     k_head = K + kvh.to(tl.int64) * stride_kh
     v_head = V + kvh.to(tl.int64) * stride_vh
     if HAS_ALIBI:
