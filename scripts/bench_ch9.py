@@ -23,7 +23,9 @@ For each problem, in one run and on the same inputs:
   (``fa_lab.kernels.decode.pool_order``).  Where it did, ``triton_decode_key_order`` is ours made to read
   them in key order (``config=dict(POOL_ORDER=False)``), timed in the same rounds.
 
-The ``splits`` section times ours at fixed split counts (``num_splits=``) beside the heuristic's.
+The ``loop`` section times ours while the sequences grow, one key per call, on scattered 16-token pages
+(``decoding_loop``), in pool order and in key order.  The ``splits`` section times ours at fixed split
+counts (``num_splits=``) beside the heuristic's.
 Writes gpu_ch9.json (fa_lab.bench.records format) into DIR (default fa_lab/data).  ``--quick`` runs
 fp16 only, with fewer rounds; ``--smoke`` runs tiny problems in any world (checks the script,
 writes to DIR or a temporary folder).
@@ -51,6 +53,8 @@ PAGES = ((16, "scattered"), (256, "scattered"), (16, "allocator order"))
 #: server's free list), or in the order a block allocator hands pages to sequences that all grow
 #: together (round-robin: page i of sequence b is block i·B + b)
 PLACEMENTS = ("scattered", "allocator order")
+#: the ``loop`` section: calls whose lengths a graph cycles through, and how far apart the sequences' lengths start
+LOOP_STEPS, LOOP_STAGGER = 256, 5
 #: split counts of the ``splits`` section
 SPLITS = (1, 2, 4, 8, 16, 32)
 #: peer name -> SDPA backend name
@@ -220,6 +224,39 @@ def measure_row(row, dtype, mode, page_size=0, placement="scattered"):
     return list(recs.values())
 
 
+def decoding_loop(row, dtype, mode, page_size=16, steps=LOOP_STEPS):
+    """Ours over scattered pages while the sequences grow one key per call, in pool order and in key order.
+
+    The lengths are staggered (sequence b starts ``LOOP_STAGGER · b`` keys past a multiple of the page size),
+    so in most calls some sequence fills a page or starts one; each call reads its own row of lengths, the
+    calls of a CUDA graph cycle through ``steps`` of them (a graph replayed again starts over: shorter
+    sequences, sorted again).
+    """
+    rounds, rep_ms, _ = mode
+    q, k, v = make_cache(row, dtype)
+    B, H, Hkv, Nq, Nk, D = row
+    k_pages, v_pages, table = paged(k, v, page_size)
+    start = (Nk - steps - page_size) // page_size * page_size
+    lengths = torch.tensor([[start + (LOOP_STAGGER * b) % page_size + t for b in range(B)] for t in range(steps)],
+                           dtype=torch.int32, device=q.device)
+    fns, recs = {}, {}
+    for impl, config in (("triton_decode", None), ("triton_decode_key_order", dict(POOL_ORDER=False))):
+        step = iter(range(1 << 62))
+
+        def call(config=config, step=step):
+            return decode_forward(q, k_pages, v_pages, cache_seqlens=lengths[next(step) % steps], block_table=table,
+                                  scale=None, config=config)
+        fns[impl] = call
+        plan = plan_of(q, k_pages, v_pages, cache_seqlens=lengths[0], block_table=table, config=config)
+        recs[impl] = head("loop", impl, row, dtype, page_size, "scattered", splits=plan.splits,
+                          pool_order=bool(plan.order_rows), steps=steps, first_length=start)
+    with torch.no_grad():
+        times, errors = interleaved(fns, rounds, lambda fn: gpu_us(fn, rep_ms))
+    for impl, rec in recs.items():
+        rec.update(gpu_us=times.get(impl), status=errors.get(impl, "ok"))
+    return list(recs.values())
+
+
 def sweep_splits(row, dtype, mode, splits=SPLITS):
     """Ours at fixed split counts and at the heuristic's (``chosen``), interleaved."""
     rounds, rep_ms, _ = mode
@@ -239,7 +276,7 @@ def sweep_splits(row, dtype, mode, splits=SPLITS):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="directory for gpu_ch9.json (default: fa_lab/data)")
-    parser.add_argument("--sections", default="decode,splits", help="decode,splits")
+    parser.add_argument("--sections", default="decode,loop,splits", help="decode,loop,splits")
     parser.add_argument("--dtypes", default=None, help="float16,bfloat16 (--quick: float16)")
     parser.add_argument("--quick", action="store_true", help="fp16 only, fewer rounds: a minute or less")
     parser.add_argument("--smoke", action="store_true", help="tiny problems, any world: checks the script")
@@ -276,6 +313,13 @@ def main(argv=None):
                 flush()
                 ours = recs[0]
                 print(f"{dtype} {rows[0]} pages of {page}, {placement}: ours {ours.get('gpu_us', 0):.1f}us", flush=True)
+    if "loop" in sections:
+        for dtype in dtypes:
+            recs = decoding_loop(rows[0], dtype, mode, steps=LOOP_STEPS if not args.smoke else 4)
+            records += recs
+            flush()
+            print(f"loop {dtype} {rows[0]}: " + "  ".join(f"{r['impl']} {r.get('gpu_us') or 0:.1f}us" for r in recs),
+                  flush=True)
     if "splits" in sections:
         for row in rows:
             records += sweep_splits(row, dtypes[0], mode, splits)

@@ -83,10 +83,11 @@ def slots(case: Case, capacity: int, gen: torch.Generator, reserve: int = 0):
     return (B * per_seq + 3, case.page_size), where, table.to(torch.int32), None
 
 
-def make_inputs(case: Case, seed: int, reserve: int = 0) -> Inputs:
+def make_inputs(case: Case, seed: int, reserve: int = 0, room: int = 0) -> Inputs:
+    """``reserve``: keys past each length whose pages are mapped; ``room``: more capacity past the longest."""
     gen = torch.Generator().manual_seed(seed)
     B, H, Hkv, D = case.batch, case.heads, case.kv_heads, case.head_dim
-    capacity = max(case.lengths) + 3
+    capacity = max(case.lengths) + 3 + room
     q = torch.randn(B, case.n_q, H, D, generator=gen)
     keys, values = (torch.randn(B, capacity, Hkv, D, generator=gen) for _ in range(2))
     shape, where, table, batch_idx = slots(case, capacity, gen, reserve)
@@ -537,9 +538,9 @@ def test_pool_order_is_chosen_for_one_wave_of_programs():
     assert num_splits_heuristic(64, 8192, 128, 132, gather=True) == 2
 
 
-def test_pool_order_rows_are_reused_only_while_table_and_length_are_the_same(monkeypatch):
+def test_pool_order_rows_are_reused_only_while_table_and_pages_are_the_same(monkeypatch):
     # every call shares one buffer (as the calls of one plan on one stream do), so the rows one call wrote are what
-    # the next call finds: it must use them while the table row and the length are unchanged, and sort again after
+    # the next call finds: it must use them while the table row and its pages are unchanged, and sort again after
     import fa_lab.kernels.decode.forward as forward
     from fa_lab.kernels.decode.pool_order import HEADER, TAG
 
@@ -562,7 +563,8 @@ def test_pool_order_rows_are_reused_only_while_table_and_length_are_the_same(mon
         row = buf[b]
         n_pages, n_full = -(-L // page), L // page
         table_row = x.block_table[b, :n_pages].cpu()
-        assert int(row[0]) == TAG.value and int(row[1]) == L
+        assert int(row[0]) == TAG.value and (int(row[1]), int(row[2])) == (n_full, n_pages)
+        assert (int(row[3]), int(row[4])) == (page, max_pages)
         assert torch.equal(row[HEADER.value:HEADER.value + n_pages], table_row)
         ordered = row[HEADER.value + max_pages:HEADER.value + max_pages + n_pages]
         assert torch.equal(ordered[:n_full], table_row[:n_full].sort().values)   # full pages by block number
@@ -588,8 +590,65 @@ def test_pool_order_rows_are_reused_only_while_table_and_length_are_the_same(mon
     o, lse = run(case, x, config=dict(POOL_ORDER=True))
     check(case, x, o, lse, "a page moved")
 
-    # shorter sequences (the partial page changes): sorted again, and the length mask still falls on the right keys
+    # shorter sequences (one loses its partial page, the other a key of it): the length mask still falls right
     shorter = (case.lengths[0] - page + 3, case.lengths[1] - 1)
     x.seqlens.copy_(torch.tensor(shorter, dtype=torch.int32))
     o, lse = run(case, x, config=dict(POOL_ORDER=True))
     check(case, x, o, lse, "shorter", lengths=shorter)
+
+    # a row whose tag or layout words are not this call's is not trusted, however well its blocks match
+    for word, value in ((0, 0), (3, page + 1), (4, max_pages * 2)):
+        kept = shared["t"][0].clone()
+        shared["t"][0, word] = value
+        shared["t"][0, ordered_0], shared["t"][0, ordered_0 + 1] = kept[ordered_0 + 1], kept[ordered_0]
+        o, lse = run(case, x, config=dict(POOL_ORDER=True))
+        check(case, x, o, lse, f"header word {word} changed", lengths=shorter)
+        assert torch.equal(shared["t"][0].cpu(), kept.cpu())   # sorted again: the row as it was
+
+
+def _assert_rows_hold_the_sorted_pages(buf, table, lengths, page):
+    from fa_lab.kernels.decode.pool_order import HEADER
+
+    max_pages = (buf.shape[1] - HEADER.value) // 2
+    for b, L in enumerate(lengths):
+        n_pages, n_full = -(-L // page), L // page
+        ordered = buf[b, HEADER.value + max_pages:HEADER.value + max_pages + n_pages].cpu()
+        row = table[b, :n_pages].cpu()
+        assert torch.equal(ordered[:n_full], row[:n_full].sort().values) and torch.equal(ordered[n_full:], row[n_full:])
+
+
+def test_pool_order_follows_a_decoding_loop_across_page_boundaries(monkeypatch):
+    # one token appended per step, for long enough that every sequence fills pages and starts new ones: each
+    # step's answer matches the reference, and the kept rows always hold the full pages sorted (a page that became
+    # full is inserted into the kept order; the others are not sorted again)
+    import fa_lab.kernels.decode.forward as forward
+
+    page = _tile_keys(torch.float32) // 4
+    case = Case((2 * page - 2, 3 * page + 1, 1), heads=4, kv_heads=2, head_dim=16, dtype=torch.float32,
+                page_size=page, splits=1)
+    steps = page + 3
+    x = make_inputs(case, stable_seed("pool-order-loop"), reserve=steps, room=steps)
+    shared = {}
+
+    def one_buffer(rows, max_pages, device):
+        if "t" not in shared:
+            shared["t"] = torch.full((rows, 16 + 2 * max_pages), -5, dtype=torch.int32, device=device)
+        return shared["t"]
+
+    monkeypatch.setattr(forward, "order_buffer", one_buffer)
+    lengths = list(case.lengths)
+    gen = torch.Generator().manual_seed(stable_seed("pool-order-loop-tokens"))
+    for step in range(steps):
+        q = torch.randn(x.q.shape, generator=gen).to(x.q)
+        k_new, v_new = (torch.randn(case.batch, 1, case.kv_heads, case.head_dim, generator=gen) for _ in range(2))
+        append_kv(x.k_cache, x.v_cache, k_new.to(x.k_cache), v_new.to(x.v_cache), x.seqlens,
+                  block_table=x.block_table)
+        for b in range(case.batch):
+            x.keys[b, lengths[b]], x.values[b, lengths[b]] = k_new[b, 0].to(x.keys), v_new[b, 0].to(x.values)
+            lengths[b] += 1
+        x.seqlens.add_(1)
+        x.q = q
+        o, lse = run(case, x, config=dict(POOL_ORDER=True))
+        check(case, x, o, lse, f"step {step}", lengths=lengths)
+        _assert_rows_hold_the_sorted_pages(shared["t"].reshape(case.batch, case.kv_heads, -1)[:, 0], x.block_table,
+                                           lengths, page)

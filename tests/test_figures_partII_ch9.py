@@ -153,6 +153,10 @@ def synthetic(tmp_path) -> pd.DataFrame:
         _rec("decode", "triton_decode_key_order", shape, page_size=16, placement="allocator order", status="ok",
              gpu_us=1.1 * us, bandwidth=2.4e12 / 1.1, splits=2, kv_bytes=kv),
     ]
+    rows += [_rec("loop", "triton_decode", shape, page_size=16, placement="scattered", status="ok", gpu_us=92.5,
+                  pool_order=True, steps=256),
+             _rec("loop", "triton_decode_key_order", shape, page_size=16, placement="scattered", status="ok",
+                  gpu_us=94.25, pool_order=False, steps=256)]
     rows += [_rec("splits", "triton_decode", shape, num_splits=s, chosen=s == 1, gpu_us=us * (1 + 0.1 * (s == 4)),
                   status="ok") for s in (1, 2, 4)]
     long = (1, 32, 8, 1, 65536, 128)
@@ -180,6 +184,7 @@ def test_summary_and_quoted_numbers_of_a_synthetic_recording(tmp_path):
     assert values["paged_16"] == "1.25×" and values["paged_256"] == decoding.NOT_RECORDED
     assert values["paged_16_in_order"] == "1.05×" and values["paged_splits"] == "1"   # the scattered pages' splits
     assert values["paged_16_in_order_key_order"] == "1.10×" and values["paged_16_key_order"] == decoding.NOT_RECORDED
+    assert values["loop_us"] == "92.5 µs" and values["loop_key_order_us"] == "94.2 µs"
     assert values["paged_16_vs_cudnn"] == "1.60×"    # cuDNN on the contiguous cache (2·us) ÷ ours on pages (1.25·us)
     assert list(summary["order"])[1:] == ["key", "pool"] and pd.isna(summary.iloc[0]["order"])
     assert summary.iloc[2]["key_order_us"] == pytest.approx(1.1 * us) and pd.isna(summary.iloc[1]["key_order_us"])
@@ -210,7 +215,7 @@ def test_the_recording_script_writes_what_the_chapter_reads(tmp_path):
     assert meta["command"].startswith("python scripts/bench_ch9.py")
     assert meta["sources"] == records.fingerprint("gpu_ch9")
     df = pd.DataFrame.from_records(recs)
-    assert {"decode", "splits"} <= set(df["section"])
+    assert {"decode", "loop", "splits"} <= set(df["section"])
     ours = df[(df["section"] == "decode") & (df["impl"] == "triton_decode")]
     assert (ours["status"] == "ok").all() and (ours["gpu_us"] > 0).all() and (ours["host_us_per_call"] > 0).all()
     paged = ours[ours["page_size"] > 0]

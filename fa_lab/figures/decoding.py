@@ -298,7 +298,8 @@ def recorded_values(df=None) -> dict:
     ``NOT_RECORDED`` when ``df`` is None (no recording) or lacks it."""
     names = ("of_copy", "vs_flash", "vs_cudnn", "host_ours", "host_sdpa", "eager_ours", "eager_sdpa", "eager_worst",
              "paged_16", "paged_256", "paged_16_in_order", "paged_splits", "paged_16_key_order",
-             "paged_16_in_order_key_order", "paged_16_vs_cudnn", "copy_tbs", "sweep")
+             "paged_16_in_order_key_order", "paged_16_vs_cudnn", "loop_us", "loop_key_order_us", "copy_tbs",
+             "sweep")
     values = dict.fromkeys(names, NOT_RECORDED)
     if df is None or len(df) == 0:
         return values
@@ -349,6 +350,10 @@ def recorded_values(df=None) -> dict:
         if cudnn:
             ratios.append(cudnn[0] / r["gpu_us"])
     values["paged_16_vs_cudnn"] = _range(ratios, times)
+    # a decoding loop (lengths growing one key per call) on scattered pages: ours, and ours in key order
+    loop = df[(df["section"] == "loop") & (df["status"] == "ok")] if "section" in df else df.iloc[:0]
+    for name, impl in (("loop_us", "triton_decode"), ("loop_key_order_us", "triton_decode_key_order")):
+        values[name] = _range(loop[loop["impl"] == impl]["gpu_us"].tolist(), lambda v: f"{v:.1f} µs")
     paged_splits = [int(v) for v in ours[(ours["page_size"] > 0) & (ours["placement"] == "scattered")].get("splits", [])
                     if v == v]
     values["paged_splits"] = _range(paged_splits, str)
