@@ -622,6 +622,7 @@ def test_pool_order_follows_a_decoding_loop_across_page_boundaries(monkeypatch):
     # step's answer matches the reference, and the kept rows always hold the full pages sorted (a page that became
     # full is inserted into the kept order; the others are not sorted again)
     import fa_lab.kernels.decode.forward as forward
+    from fa_lab.kernels.decode.pool_order import HEADER
 
     page = _tile_keys(torch.float32) // 4
     case = Case((2 * page - 2, 3 * page + 1, 1), heads=4, kv_heads=2, head_dim=16, dtype=torch.float32,
@@ -632,7 +633,7 @@ def test_pool_order_follows_a_decoding_loop_across_page_boundaries(monkeypatch):
 
     def one_buffer(rows, max_pages, device):
         if "t" not in shared:
-            shared["t"] = torch.full((rows, 16 + 2 * max_pages), -5, dtype=torch.int32, device=device)
+            shared["t"] = torch.full((rows, HEADER.value + 2 * max_pages), -5, dtype=torch.int32, device=device)
         return shared["t"]
 
     monkeypatch.setattr(forward, "order_buffer", one_buffer)

@@ -60,7 +60,8 @@ GATHER_SATURATING_PROGRAMS_PER_SM = 1.0
 #: keep two tiles of K and V in flight, as the contiguous loop does with the table's stages
 PAGED_EXTRA_STAGES = 2
 #: the most pages one program sorts to read them in pool order (``pool_order.py``): the sort holds them in
-#: registers, and on the H100 sorting 512 took about 2 µs, paid again by every call whose table row changed
+#: registers, and on the H100 sorting 512 took about 2 µs (paid again when a table row changes other than by
+#: a decoding step filling a page)
 MAX_ORDERED_PAGES = 1024
 #: element offsets into a cache are int32 when its largest one is below this (int64 otherwise)
 OFFS32_LIMIT = 2 ** 31

@@ -55,7 +55,7 @@ class Plan(NamedTuple):
     split_key: tuple | None        # fast-launch keys (GPU only)
     combine_key: tuple | None
     order_rows: int                # programs that read their pages in pool order (0: key order)
-    orders: dict                   # their buffers, one per CUDA stream (None in the CPU world)
+    orders: dict                   # their buffers by CUDA stream (the key None in the CPU world)
 
 
 #: call signature -> Plan
