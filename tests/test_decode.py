@@ -653,3 +653,74 @@ def test_pool_order_follows_a_decoding_loop_across_page_boundaries(monkeypatch):
         check(case, x, o, lse, f"step {step}", lengths=lengths)
         _assert_rows_hold_the_sorted_pages(shared["t"].reshape(case.batch, case.kv_heads, -1)[:, 0], x.block_table,
                                            lengths, page)
+
+
+def test_pool_order_kept_rows_survive_any_sequence_of_table_and_length_changes(monkeypatch):
+    # hypothesis draws what happens between calls (tokens appended, lengths jumping or shrinking, a page moved to
+    # another block); every call's answer must match the reference and every kept row must hold the sorted pages
+    pytest.importorskip("hypothesis")
+    from hypothesis import given, note, settings
+    from hypothesis import strategies as st
+
+    import fa_lab.kernels.decode.forward as forward
+    from fa_lab.kernels.decode.pool_order import HEADER
+
+    page = _tile_keys(torch.float32) // 4
+    room = 4 * page
+    case = Case((2 * page + 1, page - 1), heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, page_size=page,
+                splits=1)
+    events = st.lists(st.tuples(st.sampled_from(["append", "jump", "shrink", "move"]), st.integers(0, 10 ** 6)),
+                      min_size=1, max_size=5)
+
+    @settings(max_examples=12, deadline=None)
+    @given(events)
+    def run_events(history):
+        x = make_inputs(case, stable_seed("pool-order-events"), reserve=room, room=room)
+        lengths = list(case.lengths)
+        shared = {}
+
+        def one_buffer(rows, max_pages, device):
+            if "t" not in shared:
+                shared["t"] = torch.full((rows, HEADER.value + 2 * max_pages), 7, dtype=torch.int32, device=device)
+            return shared["t"]
+
+        monkeypatch.setattr(forward, "order_buffer", one_buffer)
+        capacity = x.keys.shape[1]
+        for what, r in [("first call", 0)] + history:
+            b = r % case.batch
+            if what == "append":      # one token for every sequence, as a decoding step appends it
+                gen = torch.Generator().manual_seed(r)
+                new = [torch.randn(case.batch, 1, case.kv_heads, case.head_dim, generator=gen) for _ in range(2)]
+                if max(lengths) + 1 > capacity:
+                    continue
+                append_kv(x.k_cache, x.v_cache, new[0].to(x.k_cache), new[1].to(x.v_cache), x.seqlens,
+                          block_table=x.block_table)
+                for s in range(case.batch):
+                    x.keys[s, lengths[s]], x.values[s, lengths[s]] = new[0][s, 0], new[1][s, 0]
+                    lengths[s] += 1
+            elif what == "jump":      # several tokens at once: their keys written where the table maps them
+                new_length = min(lengths[b] + r % (2 * page), capacity - 1)
+                for j in range(lengths[b], new_length):
+                    slot = (int(x.block_table[b, j // page]), j % page)
+                    x.k_cache[slot], x.v_cache[slot] = x.keys[b, j].to(x.k_cache), x.values[b, j].to(x.v_cache)
+                lengths[b] = new_length
+            elif what == "shrink":    # a shorter sequence (the keys past it stay in the cache, unread)
+                lengths[b] = r % (lengths[b] + 1)
+            elif what == "move":      # one mapped page of sequence b goes to a block no page uses
+                mapped = [i for i, blk in enumerate(x.block_table[b].tolist()) if blk >= 0]
+                free = sorted(set(range(x.k_cache.shape[0])) - set(x.block_table.flatten().tolist()))
+                if not mapped or not free:
+                    continue
+                i, dst = mapped[r % len(mapped)], free[r % len(free)]
+                src = int(x.block_table[b, i])
+                for t in (x.k_cache, x.v_cache):
+                    t[dst] = t[src]
+                    t[src] = float("nan")
+                x.block_table[b, i] = dst
+            x.seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+            note(f"{what} {r}: lengths {lengths}")
+            o, lse = run(case, x, config=dict(POOL_ORDER=True))
+            check(case, x, o, lse, f"after {what} ({r})", lengths=lengths)
+            _assert_rows_hold_the_sorted_pages(shared["t"], x.block_table, lengths, page)
+
+    run_events()
