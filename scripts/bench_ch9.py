@@ -31,6 +31,7 @@ fp16 only, with fewer rounds; ``--smoke`` runs tiny problems in any world (check
 writes to DIR or a temporary folder).
 """
 import argparse
+import itertools
 import math
 import sys
 import tempfile
@@ -120,11 +121,6 @@ def paged(k, v, page_size, seed=2, placement="scattered"):
     return pools[0], pools[1], table
 
 
-def plan_of(q, k, v, **cache):
-    """The plan ``decode_forward`` makes for this call: its split count, and whether it reads in pool order."""
-    return decode_plan(q, k, v, **cache)
-
-
 def sdpa_call(name, q, k, v):
     """``(fn, gqa mode, bytes of K and V it reads)`` for an SDPA backend on views of the cache, or raises."""
     import torch.nn.functional as F
@@ -171,20 +167,20 @@ def measure_row(row, dtype, mode, page_size=0, placement="scattered"):
             o = fns["triton_decode"]()[0]
             recs["triton_decode"] = head("decode", "triton_decode", row, dtype, page_size, placement, status="ok",
                                          max_abs_diff_vs_contiguous=float((o.float() - o_ref.float()).abs().max()))
-            if plan_of(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table).order_rows:
+            plan = decode_plan(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table)
+            if plan.order_rows:
                 key_order = dict(POOL_ORDER=False)
                 fns["triton_decode_key_order"] = lambda: decode_forward(q, k_pages, v_pages, cache_seqlens=seqlens,
                                                                         block_table=table, scale=None,
                                                                         config=key_order)
                 recs["triton_decode_key_order"] = head("decode", "triton_decode_key_order", row, dtype, page_size,
                                                        placement, status="ok", kv_bytes_read=kv_bytes, gqa="packed",
-                                                       splits=plan_of(q, k_pages, v_pages, cache_seqlens=seqlens,
-                                                                      block_table=table, config=key_order).splits)
+                                                       splits=decode_plan(q, k_pages, v_pages, cache_seqlens=seqlens,
+                                                                          block_table=table, config=key_order).splits)
         else:
             fns["triton_decode"] = lambda: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None)
             recs["triton_decode"] = head("decode", "triton_decode", row, dtype, status="ok")
-        cache = dict(k=k_pages, v=v_pages, block_table=table) if page_size else dict(k=k, v=v)
-        plan = plan_of(q, cache_seqlens=seqlens, **cache)
+            plan = decode_plan(q, k, v, cache_seqlens=seqlens)
         recs["triton_decode"].update(splits=plan.splits, pool_order=bool(plan.order_rows), kv_bytes_read=kv_bytes,
                                      gqa="packed")
         for name in SDPA:
@@ -241,13 +237,13 @@ def decoding_loop(row, dtype, mode, page_size=16, steps=LOOP_STEPS):
                            dtype=torch.int32, device=q.device)
     fns, recs = {}, {}
     for impl, config in (("triton_decode", None), ("triton_decode_key_order", dict(POOL_ORDER=False))):
-        step = iter(range(1 << 62))
+        step = itertools.count()
 
         def call(config=config, step=step):
             return decode_forward(q, k_pages, v_pages, cache_seqlens=lengths[next(step) % steps], block_table=table,
                                   scale=None, config=config)
         fns[impl] = call
-        plan = plan_of(q, k_pages, v_pages, cache_seqlens=lengths[0], block_table=table, config=config)
+        plan = decode_plan(q, k_pages, v_pages, cache_seqlens=lengths[0], block_table=table, config=config)
         recs[impl] = head("loop", impl, row, dtype, page_size, "scattered", splits=plan.splits,
                           pool_order=bool(plan.order_rows), steps=steps, first_length=start)
     with torch.no_grad():
@@ -264,7 +260,7 @@ def sweep_splits(row, dtype, mode, splits=SPLITS):
     q, k, v = make_cache(row, dtype)
     B, H, Hkv, Nq, Nk, D = row
     seqlens = torch.full((B,), Nk, dtype=torch.int32, device=q.device)
-    chosen = plan_of(q, k, v, cache_seqlens=seqlens).splits
+    chosen = decode_plan(q, k, v, cache_seqlens=seqlens).splits
     fns = {s: (lambda s=s: decode_forward(q, k, v, cache_seqlens=seqlens, scale=None, num_splits=s))
            for s in sorted({*splits, chosen})}
     with torch.no_grad():

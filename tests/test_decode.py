@@ -538,23 +538,32 @@ def test_pool_order_is_chosen_for_one_wave_of_programs():
     assert num_splits_heuristic(64, 8192, 128, 132, gather=True) == 2
 
 
+def _share_one_order_buffer(monkeypatch, fill: int) -> dict:
+    """Make every plan's pool-order buffer one tensor (as the calls of one plan on one stream share theirs), first
+    filled with ``fill``, whatever the memory held; returns ``{"t": tensor}`` once a call has made it."""
+    import fa_lab.kernels.decode.forward as forward
+    from fa_lab.kernels.decode.pool_order import row_words
+
+    shared = {}
+
+    def one_buffer(rows, max_pages, device):
+        if "t" not in shared:
+            shared["t"] = torch.full((rows, row_words(max_pages)), fill, dtype=torch.int32, device=device)
+        return shared["t"]
+
+    monkeypatch.setattr(forward, "order_buffer", one_buffer)
+    return shared
+
+
 def test_pool_order_rows_are_reused_only_while_table_and_pages_are_the_same(monkeypatch):
     # every call shares one buffer (as the calls of one plan on one stream do), so the rows one call wrote are what
     # the next call finds: it must use them while the table row and its pages are unchanged, and sort again after
-    import fa_lab.kernels.decode.forward as forward
     from fa_lab.kernels.decode.pool_order import HEADER, TAG
 
     page = _tile_keys() // 4
     case = Case((45, 30), heads=2, kv_heads=1, head_dim=16, dtype=torch.float32, page_size=page, splits=1)
     x = make_inputs(case, stable_seed("pool-order-reuse"))
-    shared = {}
-
-    def one_buffer(rows, max_pages, device):
-        if "t" not in shared:   # whatever the memory held: here a pattern that looks like nothing
-            shared["t"] = torch.full((rows, HEADER.value + 2 * max_pages), 12345, dtype=torch.int32, device=device)
-        return shared["t"]
-
-    monkeypatch.setattr(forward, "order_buffer", one_buffer)
+    shared = _share_one_order_buffer(monkeypatch, 12345)   # a pattern that looks like nothing
     o, lse = run(case, x, config=dict(POOL_ORDER=True))
     check(case, x, o, lse, "first call")
     buf = shared["t"].cpu()
@@ -621,22 +630,13 @@ def test_pool_order_follows_a_decoding_loop_across_page_boundaries(monkeypatch):
     # one token appended per step, for long enough that every sequence fills pages and starts new ones: each
     # step's answer matches the reference, and the kept rows always hold the full pages sorted (a page that became
     # full is inserted into the kept order; the others are not sorted again)
-    import fa_lab.kernels.decode.forward as forward
-    from fa_lab.kernels.decode.pool_order import HEADER
 
     page = _tile_keys(torch.float32) // 4
     case = Case((2 * page - 2, 3 * page + 1, 1), heads=4, kv_heads=2, head_dim=16, dtype=torch.float32,
                 page_size=page, splits=1)
     steps = page + 3
     x = make_inputs(case, stable_seed("pool-order-loop"), reserve=steps, room=steps)
-    shared = {}
-
-    def one_buffer(rows, max_pages, device):
-        if "t" not in shared:
-            shared["t"] = torch.full((rows, HEADER.value + 2 * max_pages), -5, dtype=torch.int32, device=device)
-        return shared["t"]
-
-    monkeypatch.setattr(forward, "order_buffer", one_buffer)
+    shared = _share_one_order_buffer(monkeypatch, -5)
     lengths = list(case.lengths)
     gen = torch.Generator().manual_seed(stable_seed("pool-order-loop-tokens"))
     for step in range(steps):
@@ -662,8 +662,6 @@ def test_pool_order_kept_rows_survive_any_sequence_of_table_and_length_changes(m
     from hypothesis import given, note, settings
     from hypothesis import strategies as st
 
-    import fa_lab.kernels.decode.forward as forward
-    from fa_lab.kernels.decode.pool_order import HEADER
 
     page = _tile_keys(torch.float32) // 4
     room = 4 * page
@@ -677,14 +675,7 @@ def test_pool_order_kept_rows_survive_any_sequence_of_table_and_length_changes(m
     def run_events(history):
         x = make_inputs(case, stable_seed("pool-order-events"), reserve=room, room=room)
         lengths = list(case.lengths)
-        shared = {}
-
-        def one_buffer(rows, max_pages, device):
-            if "t" not in shared:
-                shared["t"] = torch.full((rows, HEADER.value + 2 * max_pages), 7, dtype=torch.int32, device=device)
-            return shared["t"]
-
-        monkeypatch.setattr(forward, "order_buffer", one_buffer)
+        shared = _share_one_order_buffer(monkeypatch, 7)
         capacity = x.keys.shape[1]
         for what, r in [("first call", 0)] + history:
             b = r % case.batch

@@ -351,7 +351,7 @@ def recorded_values(df=None) -> dict:
             ratios.append(cudnn[0] / r["gpu_us"])
     values["paged_16_vs_cudnn"] = _range(ratios, times)
     # a decoding loop (lengths growing one key per call) on scattered pages: ours, and ours in key order
-    loop = df[(df["section"] == "loop") & (df["status"] == "ok")] if "section" in df else df.iloc[:0]
+    loop = df[(df["section"] == "loop") & (df["status"] == "ok")]
     for name, impl in (("loop_us", "triton_decode"), ("loop_key_order_us", "triton_decode_key_order")):
         values[name] = _range(loop[loop["impl"] == impl]["gpu_us"].tolist(), lambda v: f"{v:.1f} µs")
     paged_splits = [int(v) for v in ours[(ours["page_size"] > 0) & (ours["placement"] == "scattered")].get("splits", [])
