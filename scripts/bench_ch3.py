@@ -4,8 +4,10 @@
     python scripts/bench_ch3.py --check --tune --sass --out DIR     # development: correctness, tile sweep, SASS
     python scripts/bench_ch3.py --hbm [--out DIR]                   # HBM bytes per kernel, measured by ncu
 
-The table: ``numba_tiled`` and each chapter-3 step, against ``numba_naive``, ``naive_torch``
-(fp32) and PyTorch SDPA's math backend (fp32), at (B, H, N, D) = (4, 16, 4096, 64),
+First ``numba_tiled`` against SDPA's memory-efficient backend, the fastest fp32 peer, in
+interleaved rounds (section ``versus``).  Then the table: ``numba_tiled`` and each chapter-3
+step, against ``numba_naive``, ``naive_torch`` (fp32) and PyTorch SDPA's math and
+memory-efficient backends (fp32), at (B, H, N, D) = (4, 16, 4096, 64),
 (4, 16, 4096, 128) and (1, 16, 16384, 128), causal and not; then peak extra memory at
 N = 8192.  Every number comes from ``fa_lab.bench.benchmark``.  Slow entries run last
 and stop at ``--budget-s``: what did not fit is recorded as ``skipped (time cap)``.
@@ -38,7 +40,7 @@ from fa_lab.bench import benchmark, time_fn, to_frame  # noqa: E402
 
 SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
 OURS = ["numba_tiled", "numba_regtile", "numba_smem", "numba_rowwise"]
-PEERS = ["naive_torch", "sdpa-math", "numba_naive"]
+PEERS = ["naive_torch", "sdpa-math", "sdpa-efficient", "numba_naive"]
 MEMORY_N = 8192
 COMMAND = "python scripts/bench_ch3.py"
 
@@ -47,8 +49,8 @@ def table(budget_s: float) -> list[dict]:
     """Every implementation at every shape and mask; the slowest (by expectation) last."""
     t0 = time.time()
     jobs = []
-    for impl in ["numba_tiled", "naive_torch", "sdpa-math", "numba_regtile", "numba_smem", "numba_rowwise",
-                 "numba_naive"]:
+    for impl in ["numba_tiled", "naive_torch", "sdpa-math", "sdpa-efficient", "numba_regtile", "numba_smem",
+                 "numba_rowwise", "numba_naive"]:
         for shape in SHAPES:
             for causal in (False, True):
                 jobs.append((impl, shape, causal))
@@ -111,11 +113,37 @@ def check() -> list[dict]:
 
 TC = nt.TileConfig
 TUNE_CONFIGS = {   # the first of each is the default (numba_tiled.config_for)
-    64: [TC(64, 32, 16, 8, 64), TC(64, 32, 16, 8, 64, max_registers=128), TC(64, 32, 16, 8, 64, share_kv=True),
-         TC(64, 32, 8, 8, 64), TC(32, 32, 8, 8, 64), TC(64, 16, 16, 4, 64)],
-    128: [TC(64, 16, 16, 4, 128, True), TC(64, 16, 16, 8, 128, True), TC(64, 16, 16, 8, 128, True, 128),
-          TC(32, 32, 8, 8, 128, True), TC(32, 16, 8, 4, 128)],
+    64: [TC(64, 32, 16, 8, 64, max_registers=128), TC(64, 32, 16, 8, 64, max_registers=104),
+         TC(64, 32, 16, 8, 64, max_registers=104, load_v_early=False),
+         TC(64, 32, 16, 8, 64, max_registers=112, load_v_early=False), TC(64, 32, 16, 8, 64),
+         TC(64, 32, 16, 8, 64, share_kv=True, max_registers=104), TC(64, 16, 16, 4, 64, max_registers=104)],
+    128: [TC(64, 16, 16, 4, 128, True), TC(64, 16, 16, 4, 128, True, load_v_early=False),
+          TC(64, 16, 16, 4, 128, True, 168), TC(32, 32, 8, 8, 128, True)],
 }
+
+
+def versus(rounds: int = 8) -> list[dict]:
+    """numba_tiled against SDPA's memory-efficient backend (the fastest fp32 peer), interleaved rounds."""
+    from fa_lab.bench import time_interleaved
+    from fa_lab.bench.peers import raw_call
+    from fa_lab.core.testing import random_qkv
+
+    ours, peer = raw_call("numba_tiled"), raw_call("sdpa-efficient")
+    out = []
+    for D in (64, 128):
+        for causal in (False, True):
+            q, k, v = random_qkv(4, 16, 4096, 4096, D, seed=D)
+            flops = fa_lab.attention_flops(4, 16, 4096, 4096, D, causal=causal)
+            timed = time_interleaved({"numba_tiled": lambda: ours(q, k, v, causal),
+                                      "sdpa-efficient": lambda: peer(q, k, v, causal)}, rounds=rounds)
+            for impl, t in timed.items():
+                out.append(dict(section="versus", impl=impl, batch=4, heads=16, n_q=4096, n_k=4096, head_dim=D,
+                                causal=causal, dtype="float32", tflops=flops / (t["ms"] * 1e-3) / 1e12,
+                                status="ok", **t))
+            ratio = timed["sdpa-efficient"]["ms"] / timed["numba_tiled"]["ms"]
+            print(f"versus D={D} causal={causal!s:5} numba_tiled {timed['numba_tiled']['ms']:.3f} ms, "
+                  f"sdpa-efficient {timed['sdpa-efficient']['ms']:.3f} ms: {ratio:.3f}x", flush=True)
+    return out
 
 
 def tune() -> list[dict]:
@@ -283,6 +311,8 @@ def main(argv=None):
                              memory_n=MEMORY_N, configs={D: repr(nt.config_for(D)) for D in (64, 128)})
 
     records += check()
+    records += versus()
+    save()
     records += table(args.budget_s)
     save()
     records += memory()

@@ -49,6 +49,37 @@ def test_numba_tiled_matches_reference(case):
     assert_close(lse, ref_lse, torch.float32, what="numba_tiled lse")
 
 
+# every way the kernel stages K and V (own buffers or one shared; V loaded with K or early), with
+# blocks of several threads per row so that the row reductions combine threads
+LOADING = [nt.TileConfig(8, 8, 2, 2, d_pad, share_kv=share, load_v_early=early)
+           for d_pad in (16, 32) for share in (False, True) for early in (False, True)]
+
+
+@pytest.mark.parametrize("cfg", LOADING, ids=lambda c: f"D{c.d_pad}-share{int(c.share_kv)}-early{int(c.load_v_early)}")
+@pytest.mark.parametrize("case", [CASES[2], CASES[3], CASES[9]], ids=[_id(c) for c in (CASES[2], CASES[3], CASES[9])])
+def test_every_loading_variant_matches_reference(cfg, case):
+    B, H, Hkv, Nq, Nk, D, mask = case
+    if D > cfg.d_pad:
+        D = cfg.d_pad - 3                                  # a padded head dim: the zero-filled tails
+    q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, seed=Nq * 7 + D)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    o, lse = nt.launch_tiled(q, k, v, spec, cfg=cfg)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.float32, what=f"{cfg} O")
+    assert_close(lse, ref_lse, torch.float32, what=f"{cfg} lse")
+
+
+@pytest.mark.slow   # 128 Python threads a block in the simulator: seconds per launch
+def test_gpu_tile_shape_matches_reference():
+    cfg = nt.GPU_CONFIGS[64]
+    q, k, v = random_qkv(1, 2, 70, 45, 64, kv_heads=1, seed=3)
+    spec = fa_lab.make_spec(q, k, v, causal=True)
+    o, lse = nt.launch_tiled(q, k, v, spec, cfg=cfg)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.float32, what="GPU tile shape O")
+    assert_close(lse, ref_lse, torch.float32, what="GPU tile shape lse")
+
+
 @pytest.mark.slow   # the steps' fast-tier case is tests/test_attention.py's STEP_SHAPE, under every mask
 @pytest.mark.parametrize("name", STEPS[:-1])
 @pytest.mark.parametrize("case", [CASES[3], CASES[6]], ids=[_id(CASES[3]), _id(CASES[6])])
@@ -149,7 +180,14 @@ def test_tile_configs_are_consistent():
     with pytest.raises(ValueError, match="multiple"):
         nt.TileConfig(64, 30, 16, 8, 64).check()
     with pytest.raises(ValueError, match="block_n\\*d_pad=128 must be a multiple of 256"):
-        nt.TileConfig(64, 8, 32, 8, 16).check()   # 256 threads, 128 K elements a tile: LOADS would be 0
+        nt.TileConfig(64, 8, 64, 4, 16).check()   # 256 threads, 128 K elements a tile: LOADS would be 0
+    # the inner loops read runs of VEC = 4 floats: a thread's features and a P row's keys come in fours
+    with pytest.raises(ValueError, match="d_pad=16 must be a multiple of 32"):
+        nt.TileConfig(64, 32, 16, 8, 16).check()
+    with pytest.raises(ValueError, match="block_n=18 must be a multiple of 4"):
+        nt.TileConfig(64, 18, 32, 2, 16).check()
+    with pytest.raises(ValueError, match="threads_n=3 must divide 32"):
+        nt.TileConfig(64, 24, 16, 3, 96).check()
 
 
 def test_hbm_traffic_model():

@@ -43,6 +43,15 @@ MAX_HEAD_DIM = HEAD_DIM_BUCKETS[-1]
 # "Minus infinity" inside the kernels.  A finite sentinel, because fastmath lets the
 # compiler assume no value is ever infinite; exp(NEG_BIG - m) still underflows to 0.
 NEG_BIG = float32(-1e30)
+LOG2E, LN2 = float32(math.log2(math.e)), float32(math.log(2.0))
+
+#: Floats per shared-memory load in the inner loops: runs of 4 are one 128-bit load.
+VEC = 4
+#: Shared tiles start on 16-byte boundaries so that those runs are aligned (the simulator takes no alignment).
+ALIGN = 16 if ON_GPU else None
+#: On the GPU a row's threads combine their maxima with warp shuffles; the simulator has none.
+SHUFFLE = ON_GPU
+FULL_MASK = 0xFFFFFFFF
 
 #: Static shared memory a block may use without opting in to more (48 KiB).
 SHARED_LIMIT = 48 * 1024
@@ -59,6 +68,7 @@ class TileConfig:
     d_pad: int       # head dim the kernel is compiled for (inputs are zero-padded up to it)
     share_kv: bool = False  # K and V tiles take turns in one shared buffer (saves shared memory)
     max_registers: int | None = None  # cap per thread, so that more blocks fit on a multiprocessor
+    load_v_early: bool = True   # V's global loads in flight while S is computed (costs LOADS registers)
 
     @property
     def threads(self) -> int:
@@ -77,30 +87,39 @@ class TileConfig:
         return self.d_pad // self.threads_n
 
     def shared_bytes(self) -> int:
-        q, p, red = (self.block_m * (n + 1) for n in (self.d_pad, self.block_n, self.threads_n))
-        k, v = self.block_n * (self.d_pad + 1), self.block_n * self.d_pad
+        q, p = self.block_m * (self.d_pad + VEC), self.block_m * (self.block_n + VEC)
+        k, v = self.block_n * (self.d_pad + VEC), self.block_n * self.d_pad
+        red = self.block_m * (self.threads_n + 1)
         return 4 * (q + (max(k, v) if self.share_kv else k + v) + p + red)
 
     def check(self) -> "TileConfig":
         for what, big, small in (("block_m", self.block_m, self.threads_m), ("block_n", self.block_n, self.threads_n),
-                                 ("d_pad", self.d_pad, self.threads_n),   # and no K/V tile element left unloaded:
+                                 ("block_n", self.block_n, VEC),                  # P rows read in runs of VEC keys
+                                 ("d_pad", self.d_pad, VEC * self.threads_n),     # V rows in runs of VEC features
+                                 # and no K/V tile element left unloaded:
                                  ("block_n*d_pad", self.block_n * self.d_pad, self.threads)):
             if big % small:
                 raise ValueError(f"{what}={big} must be a multiple of {small}: {self}")
+        if 32 % self.threads_n:
+            raise ValueError(f"threads_n={self.threads_n} must divide 32 (a row's threads are lanes of one warp): "
+                             f"{self}")
         if self.shared_bytes() > SHARED_LIMIT:
             raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
         return self
 
 
 # On the GPU (chosen by `scripts/bench_ch3.py --tune` on an H100): each thread a 4x4
-# register tile of S; 128 threads per block up to D = 64.  At D = 128 a 64 x 32 tile would
-# need 66 KB of shared memory (48 KB is the static limit), so BLOCK_N drops to 16, K and V
-# take turns in one buffer, and 64 threads each own a 4 x 32 slice of the output.
+# register tile of S, 128 threads per block up to D = 64, V's loads issued early.  At D = 16 a
+# thread's output features must still be runs of four (VEC), so only 4 threads share a row.
+# At D = 128 a 64 x 32 tile would need 66 KB of shared memory (48 KB is the static limit), so
+# BLOCK_N drops to 16, K and V take turns in one buffer, and 64 threads each own a 4 x 32
+# slice of the output.  The register caps keep 4 blocks on a multiprocessor (the most that
+# their shared memory allows) without spilling.
 # In the simulator every CUDA thread is a Python thread: 4 per block.
 GPU_CONFIGS = {
-    16: TileConfig(64, 32, 16, 8, 16),
-    32: TileConfig(64, 32, 16, 8, 32),
-    64: TileConfig(64, 32, 16, 8, 64),
+    16: TileConfig(64, 32, 16, 4, 16, max_registers=128),
+    32: TileConfig(64, 32, 16, 8, 32, max_registers=104),
+    64: TileConfig(64, 32, 16, 8, 64, max_registers=128),
     128: TileConfig(64, 16, 16, 4, 128, share_kv=True),
 }
 CPU_CONFIGS = {d: TileConfig(4, 4, 2, 2, d) for d in HEAD_DIM_BUCKETS}
@@ -134,45 +153,74 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     end" (Python's ``a[-1]``): three extra integer instructions per load, more than the
     arithmetic they feed in the inner loops.  So the hot loops index flat arrays with
     *unsigned* offsets (``uint32``/``uint64``): a per-thread base, plus the loop counter,
-    plus a constant per register-tile element (``uint32(i * a_step)`` folds to a constant
-    once the compiler unrolls ``rank1_update``'s loops over the register tile).  They step
-    with ``while`` loops on unsigned counters, which compile to pointer increments and loads
-    at fixed offsets.
+    plus a constant per register-tile element (``uint32(i * step + f)`` folds to a constant
+    once the compiler unrolls the loops over the register tile).  They step with ``while``
+    loops on unsigned counters, which compile to pointer increments and loads at fixed
+    offsets.
+
+    A note on wide loads.  The inner loops read runs of ``VEC`` = 4 consecutive floats (four
+    head-dim values of a Q or K row, four keys of a P row, four features of a V row).  The
+    shared tiles start on 16-byte boundaries (``alignment=16``), every row length is a
+    multiple of 4 floats, and every offset is a multiple of 4 the compiler can see (bases
+    times strides that are multiples of 4, counters stepping by 4 from 0): so each run is
+    one 128-bit load (``ld.shared.v4.f32``) instead of four.
     """
     cfg.check()
     BLOCK_M, BLOCK_N, THREADS_N, D_PAD = cfg.block_m, cfg.block_n, cfg.threads_n, cfg.d_pad
-    THREADS_M, THREADS, ROWS, KEYS, DIMS = cfg.threads_m, cfg.threads, cfg.rows, cfg.keys, cfg.dims
-    Q_STRIDE = K_STRIDE = D_PAD + 1   # +1 float per row: threads reading one column hit different banks
-    P_STRIDE, R_STRIDE = BLOCK_N + 1, THREADS_N + 1
+    THREADS_M, THREADS, ROWS, KEYS, GROUPS = cfg.threads_m, cfg.threads, cfg.rows, cfg.keys, cfg.dims // VEC
+    Q_STRIDE = K_STRIDE = D_PAD + VEC   # +4 floats per row: rows stay 16-byte aligned, and threads reading
+    P_STRIDE = BLOCK_N + VEC            # one column of different rows still hit different banks
+    V_EARLY = cfg.load_v_early
+    R_STRIDE = THREADS_N + 1
     V_OFFSET = 0 if cfg.share_kv else BLOCK_N * K_STRIDE
     KV_SIZE = max(BLOCK_N * K_STRIDE, BLOCK_N * D_PAD) if cfg.share_kv else BLOCK_N * (K_STRIDE + D_PAD)
     Q_SIZE, P_SIZE, R_SIZE = BLOCK_M * Q_STRIDE, BLOCK_M * P_STRIDE, BLOCK_M * R_STRIDE
     LOADS = BLOCK_N * D_PAD // THREADS    # elements of a K (or V) tile each thread loads
     SHARE_KV, SKIP = cfg.share_kv, skip_masked_tiles
-    B_LEN = max(DIMS, KEYS)
-    ACC_SHAPE, S_SHAPE = (ROWS, DIMS), (ROWS, KEYS)
     Q_ROW_STEP, P_ROW_STEP, R_ROW_STEP = THREADS_M * Q_STRIDE, THREADS_M * P_STRIDE, THREADS_M * R_STRIDE
-    K_COL_STEP = THREADS_N * K_STRIDE
+    K_COL_STEP, V_GROUP_STEP = THREADS_N * K_STRIDE, VEC * THREADS_N
+    # lane distances of a butterfly over a row's THREADS_N neighbouring lanes: THREADS_N/2, ..., 1
+    XOR_LANES = tuple(THREADS_N >> k for k in range(1, THREADS_N.bit_length()))
     ZERO = float32(0.0)
-    U0, U1, U_D_PAD, U_BLOCK_N, U_K_STRIDE = (np.uint32(x) for x in (0, 1, D_PAD, BLOCK_N, K_STRIDE))
+    U0, U_VEC, U_D_PAD, U_BLOCK_N, U_K_STRIDE, U_V_OFFSET = (np.uint32(x) for x in (0, VEC, D_PAD, BLOCK_N,
+                                                                                K_STRIDE, V_OFFSET))
 
     options = dict(fastmath=True)
     if ON_GPU and cfg.max_registers:          # the simulator's jit takes no register cap
         options["max_registers"] = cfg.max_registers
 
     @cuda.jit(device=True, inline="always")
-    def rank1_update(out, a, b, A, a_at, a_step, B, b_at, b_step):
-        # out += a bᵀ with a[i] = A[a_at + i·a_step], b[j] = B[b_at + j·b_step]: one step (one d, or one
-        # key) of a register-tiled product.  Each value read from shared memory goes to a register
-        # once and feeds a whole row (or column) of the thread's tile of out.  out is a local array of
-        # compile-time shape, so the loops unroll and, inlined, out, a and b stay in registers.
+    def load_runs(out, A, at, step):
+        # out[i, f] = A[at + i·step + f]: out.shape[0] runs of VEC consecutive floats, one 128-bit load each.
         for i in range(out.shape[0]):
-            a[i] = A[a_at + uint32(i * a_step)]
-        for j in range(out.shape[1]):
-            b[j] = B[b_at + uint32(j * b_step)]
-        for i in range(out.shape[0]):
-            for j in range(out.shape[1]):
-                out[i, j] += a[i] * b[j]
+            for f in range(VEC):
+                out[i, f] = A[at + uint32(i * step + f)]
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(regs, X, n_start, kv_head, Nk, u_d, tid):
+        # This thread's LOADS elements of the K (or V) tile at key n_start, global memory -> registers:
+        # the loads are issued here, and a register is waited for only where it is first used.
+        # A full tile with D == D_PAD is one contiguous run of BLOCK_N·D floats: element e of the run
+        # is element e of the tile, no bounds checks.  Tail tiles and padded D check, and load zeros.
+        tile_kv = kv_head + uint64(n_start) * u_d
+        n_valid = uint64(min(Nk - n_start, BLOCK_N))   # rows of the tile before the end of K
+        full = n_valid == U_BLOCK_N and u_d == U_D_PAD
+        for t in range(LOADS):
+            e = uint32(tid + t * THREADS)
+            c, d = e // U_D_PAD, e % U_D_PAD
+            x = ZERO
+            if full:
+                x = X[tile_kv + e]
+            elif c < n_valid and d < u_d:
+                x = X[tile_kv + c * u_d + d]
+            regs[t] = x
+
+    @cuda.jit(device=True, inline="always")
+    def stash(buf, at, stride, regs, tid):
+        # The fetched elements, registers -> a shared tile whose rows are `stride` floats apart.
+        for t in range(LOADS):
+            e = uint32(tid + t * THREADS)
+            buf[at + (e // U_D_PAD) * stride + e % U_D_PAD] = regs[t]
 
     @cuda.jit(**options)
     def flash_attention_fwd(Q, K, V, O, LSE, H, group, Nq, Nk, D, scale_, left, right):
@@ -185,15 +233,17 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         ty, tx = tid // THREADS_N, tid % THREADS_N
         m_start = tile * BLOCK_M
         m_end = min(m_start + BLOCK_M, Nq)
-        scale = float32(scale_)
+        # Scores in base 2: Q is pre-scaled by scale·log2(e), so exp(x·scale) = 2^(x·scale·log2 e) is one
+        # ex2 instruction (exp would be a multiply and an ex2).  m_i is in the same units; lse converts back.
+        scale = float32(scale_ * LOG2E)
         shift = Nk - Nq                       # bottom-right alignment: row i sits at key i + Nk - Nq
         u_d = uint64(D)
         q_head, kv_head = head_starts(bh, H, group, Nq, Nk, D)   # this head's Q (and O), its K/V head (GQA)
 
-        q_s = cuda.shared.array(Q_SIZE, float32)     # Q tile [m][d], pre-scaled
-        kv_s = cuda.shared.array(KV_SIZE, float32)   # K tile [n][d] (padded rows), V tile [n][d]
-        p_s = cuda.shared.array(P_SIZE, float32)     # P tile [m][n]
-        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: partial row maxima, then row sums
+        q_s = cuda.shared.array(Q_SIZE, float32, alignment=ALIGN)     # Q tile [m][d], pre-scaled
+        kv_s = cuda.shared.array(KV_SIZE, float32, alignment=ALIGN)   # K tile [n][d] (padded rows), V tile [n][d]
+        p_s = cuda.shared.array(P_SIZE, float32, alignment=ALIGN)     # P tile [m][n] (padded rows)
+        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: row sums at the end (and, without shuffles, maxima)
 
         # Where this thread's first row / key / feature sits in each shared tile (unsigned).
         u_tx = uint32(tx)
@@ -201,27 +251,30 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         k_base = uint32(tx * K_STRIDE)
         p_base = uint32(ty * P_STRIDE)
         r_base = uint32(ty * R_STRIDE)
-        v_base = uint32(V_OFFSET + tx)
+        v_base = uint32(V_OFFSET + VEC * tx)
 
-        # Q tile, read once and pre-multiplied by the softmax scale; zeros past Nq and past D.
-        for e in range(tid, BLOCK_M * D_PAD, THREADS):
-            r, d = e // D_PAD, e % D_PAD
+        # Q tile, read once and pre-multiplied by the scale; zeros past Nq and past D (and in the row padding).
+        for e in range(tid, BLOCK_M * Q_STRIDE, THREADS):
+            r, d = e // Q_STRIDE, e % Q_STRIDE
             x = ZERO
             if m_start + r < Nq and d < D:
                 x = Q[q_head + uint64((m_start + r) * D + d)] * scale
-            q_s[r * Q_STRIDE + d] = x
+            q_s[e] = x
 
         m_i = cuda.local.array(ROWS, float32)
         l_i = cuda.local.array(ROWS, float32)   # this thread's share of the row sum (reduced at the end)
-        acc = cuda.local.array(ACC_SHAPE, float32)
-        s = cuda.local.array(S_SHAPE, float32)
-        a = cuda.local.array(ROWS, float32)
-        bv = cuda.local.array(B_LEN, float32)
+        tile_max = cuda.local.array(ROWS, float32)
+        acc = cuda.local.array((ROWS, GROUPS, VEC), float32)   # row i, feature VEC·(tx + THREADS_N·g) + f
+        s = cuda.local.array((ROWS, KEYS), float32)
+        qa = cuda.local.array((ROWS, VEC), float32)      # operands of one step of the products, in registers
+        kb = cuda.local.array((KEYS, VEC), float32)
+        vb = cuda.local.array((GROUPS, VEC), float32)
         for i in range(ROWS):
             m_i[i] = NEG_BIG
             l_i[i] = ZERO
-            for c in range(DIMS):
-                acc[i, c] = ZERO
+            for g in range(GROUPS):
+                for f in range(VEC):
+                    acc[i, g, f] = ZERO
 
         # The keys any row of this block may see: [lo, hi).  Tiles outside are never loaded.
         lo, hi = 0, Nk
@@ -232,39 +285,36 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
                 hi = min(Nk, m_end - 1 + shift + right + 1)
             lo = (lo // BLOCK_N) * BLOCK_N
 
+        k_regs = cuda.local.array(LOADS, float32)   # a tile's K and V on their way to shared memory
+        v_regs = cuda.local.array(LOADS, float32)
         for n_start in range(lo, hi, BLOCK_N):
             cuda.syncthreads()                # everyone is done with the previous tile
-            tile_kv = kv_head + uint64(n_start) * u_d
-            n_valid = uint64(min(Nk - n_start, BLOCK_N))   # rows of the tile before the end of K
-            # A full tile with D == D_PAD is one contiguous run of BLOCK_N·D floats: element e of
-            # the run is element e of the tile, no bounds checks.  Tail tiles and padded D check.
-            full = n_valid == U_BLOCK_N and u_d == U_D_PAD
-            for t in range(LOADS):
-                e = uint32(tid + t * THREADS)
-                c, d = e // U_D_PAD, e % U_D_PAD
-                x = ZERO
-                y = ZERO
-                if full:
-                    x = K[tile_kv + e]
-                    if not SHARE_KV:
-                        y = V[tile_kv + e]
-                elif c < n_valid and d < u_d:
-                    x = K[tile_kv + c * u_d + d]
-                    if not SHARE_KV:
-                        y = V[tile_kv + c * u_d + d]
-                kv_s[c * U_K_STRIDE + d] = x
-                if not SHARE_KV:
-                    kv_s[V_OFFSET + e] = y       # the V tile is unpadded: [n][d] is element e
+            fetch(k_regs, K, n_start, kv_head, Nk, u_d, tid)
+            if not (SHARE_KV or V_EARLY):     # V beside K, in its own buffer: both tiles' loads in flight at once
+                fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
+                stash(kv_s, U_V_OFFSET, U_D_PAD, v_regs, tid)
+            stash(kv_s, U0, U_K_STRIDE, k_regs, tid)
             cuda.syncthreads()
+            if V_EARLY:
+                # V's loads take hundreds of cycles: issued now, they are in flight while S is
+                # computed and are waited for only when stored below.
+                fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
 
             # S tile = Q Kᵀ: thread (ty, tx) owns rows ty + THREADS_M·i and keys tx + THREADS_N·j.
+            # Each step reads four head-dim values of each of its rows and keys, then does
+            # ROWS·KEYS·4 FMAs with them.
             for i in range(ROWS):
                 for j in range(KEYS):
                     s[i, j] = ZERO
             d = U0
             while d < U_D_PAD:
-                rank1_update(s, a, bv, q_s, q_base + d, Q_ROW_STEP, kv_s, k_base + d, K_COL_STEP)
-                d += U1
+                load_runs(qa, q_s, q_base + d, Q_ROW_STEP)
+                load_runs(kb, kv_s, k_base + d, K_COL_STEP)
+                for f in range(VEC):
+                    for i in range(ROWS):
+                        for j in range(KEYS):
+                            s[i, j] += qa[i, f] * kb[j, f]
+                d += U_VEC
 
             # Mask element by element only where the tile is not entirely visible to every row.
             inside = n_start + BLOCK_N <= Nk
@@ -280,50 +330,62 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
                         if col >= Nk or (left >= 0 and col < diag - left) or (right >= 0 and col > diag + right):
                             s[i, j] = NEG_BIG
 
-            # Row maxima of the tile: each thread's part, then combined through shared memory.
+            # Row maxima of the tile: each thread's part, then combined across the row's threads.  They
+            # are neighbouring lanes of one warp, so on the GPU a butterfly of warp shuffles combines them
+            # in registers; the simulator has no shuffles and goes through shared memory (and a barrier).
             for i in range(ROWS):
                 mx = s[i, 0]
                 for j in range(1, KEYS):
                     mx = max(mx, s[i, j])
-                red_s[r_base + u_tx + uint32(i * R_ROW_STEP)] = mx
-            cuda.syncthreads()
+                if SHUFFLE:
+                    for lanes in XOR_LANES:
+                        mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, lanes))
+                else:
+                    red_s[r_base + u_tx + uint32(i * R_ROW_STEP)] = mx
+                tile_max[i] = mx
+            if SHARE_KV or not SHUFFLE:
+                cuda.syncthreads()            # maxima in red_s; and every thread is done reading K
 
-            if SHARE_KV:                      # K is no longer needed: V takes its place
-                for t in range(LOADS):
-                    e = uint32(tid + t * THREADS)
-                    c, d = e // U_D_PAD, e % U_D_PAD
-                    y = ZERO
-                    if full:
-                        y = V[tile_kv + e]
-                    elif c < n_valid and d < u_d:
-                        y = V[tile_kv + c * u_d + d]
-                    kv_s[e] = y
+            if SHARE_KV and not V_EARLY:      # K is no longer needed: V takes its place
+                fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
+            if SHARE_KV or V_EARLY:
+                stash(kv_s, U_V_OFFSET, U_D_PAD, v_regs, tid)
 
             # Online softmax: new max, rescale what was accumulated, P tile to shared memory.
             for i in range(ROWS):
-                m_new = m_i[i]
-                for t in range(THREADS_N):
-                    m_new = max(m_new, red_s[r_base + uint32(i * R_ROW_STEP + t)])
-                m_use = m_new if m_new > NEG_BIG else ZERO   # nothing visible yet: exp(NEG_BIG) = 0
-                alpha = math.exp(m_i[i] - m_use)
+                m_new = max(m_i[i], tile_max[i])
+                if not SHUFFLE:
+                    for t in range(THREADS_N):
+                        m_new = max(m_new, red_s[r_base + uint32(i * R_ROW_STEP + t)])
+                m_use = m_new if m_new > NEG_BIG else ZERO   # nothing visible yet: 2^NEG_BIG = 0
+                alpha = math.exp2(m_i[i] - m_use)
                 m_i[i] = m_new
                 row_sum = ZERO
                 for j in range(KEYS):
-                    p = math.exp(s[i, j] - m_use)
+                    p = math.exp2(s[i, j] - m_use)
                     p_s[p_base + u_tx + uint32(i * P_ROW_STEP + j * THREADS_N)] = p
                     row_sum += p
                 l_i[i] = l_i[i] * alpha + row_sum
-                for c in range(DIMS):
-                    acc[i, c] *= alpha
+                for g in range(GROUPS):
+                    for f in range(VEC):
+                        acc[i, g, f] *= alpha
             cuda.syncthreads()
 
-            # acc += P V: thread (ty, tx) owns rows ty + THREADS_M·i and features tx + THREADS_N·c.
+            # acc += P V: thread (ty, tx) owns rows ty + THREADS_M·i and runs of four features
+            # VEC·(tx + THREADS_N·g) + f.  Each step reads four keys' P values of each of its rows,
+            # then, key by key, that key's V runs.
             n = U0
             v_at = v_base
             while n < U_BLOCK_N:
-                rank1_update(acc, a, bv, p_s, p_base + n, P_ROW_STEP, kv_s, v_at, THREADS_N)
-                n += U1
-                v_at += U_D_PAD
+                load_runs(qa, p_s, p_base + n, P_ROW_STEP)   # qa[i, f] = P[row i, key n + f]
+                for f in range(VEC):
+                    load_runs(vb, kv_s, v_at + uint32(f * D_PAD), V_GROUP_STEP)
+                    for i in range(ROWS):
+                        for g in range(GROUPS):
+                            for e in range(VEC):
+                                acc[i, g, e] += qa[i, f] * vb[g, e]
+                n += U_VEC
+                v_at += U_VEC * U_D_PAD
 
         # Each thread summed only its own keys: add up l_i across the row, then write O and lse once.
         cuda.syncthreads()
@@ -345,13 +407,14 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
                 inv = ZERO
                 if sees:
                     inv = float32(1.0) / l_row
-                for c in range(DIMS):
-                    d = tx + THREADS_N * c
-                    if d < D:
-                        O[q_head + uint64(row * D + d)] = acc[i, c] * inv   # a row that sees no key: zeros
+                for g in range(GROUPS):
+                    for f in range(VEC):
+                        d = VEC * (tx + THREADS_N * g) + f
+                        if d < D:
+                            O[q_head + uint64(row * D + d)] = acc[i, g, f] * inv   # a row that sees no key: zeros
                 if tx == 0:
-                    if sees:
-                        LSE[bh * Nq + row] = m_i[i] + math.log(l_row)
+                    if sees:   # m_i and log2(l) are in base 2: lse = ln 2 · (m_i + log2 l)
+                        LSE[bh * Nq + row] = LN2 * (m_i[i] + math.log2(l_row))
                     else:
                         LSE[bh * Nq + row] = -math.inf
 
