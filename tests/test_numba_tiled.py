@@ -49,6 +49,13 @@ def test_numba_tiled_matches_reference(case):
     assert_close(lse, ref_lse, torch.float32, what="numba_tiled lse")
 
 
+def _launch_matches_reference(cfg, q, k, v, spec):
+    o, lse = nt.launch_tiled(q, k, v, spec, cfg=cfg)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.float32, what=f"{cfg} O")
+    assert_close(lse, ref_lse, torch.float32, what=f"{cfg} lse")
+
+
 # every way the kernel stages K and V (own buffers or one shared; V loaded with K or early), with
 # blocks of several threads per row so that the row reductions combine threads
 LOADING = [nt.TileConfig(8, 8, 2, 2, d_pad, share_kv=share, load_v_early=early)
@@ -62,22 +69,13 @@ def test_every_loading_variant_matches_reference(cfg, case):
     if D > cfg.d_pad:
         D = cfg.d_pad - 3                                  # a padded head dim: the zero-filled tails
     q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, seed=Nq * 7 + D)
-    spec = fa_lab.make_spec(q, k, v, **mask)
-    o, lse = nt.launch_tiled(q, k, v, spec, cfg=cfg)
-    ref_o, ref_lse = reference_attention(q, k, v, spec)
-    assert_close(o, ref_o, torch.float32, what=f"{cfg} O")
-    assert_close(lse, ref_lse, torch.float32, what=f"{cfg} lse")
+    _launch_matches_reference(cfg, q, k, v, fa_lab.make_spec(q, k, v, **mask))
 
 
 @pytest.mark.slow   # 128 Python threads a block in the simulator: seconds per launch
 def test_gpu_tile_shape_matches_reference():
-    cfg = nt.GPU_CONFIGS[64]
     q, k, v = random_qkv(1, 2, 70, 45, 64, kv_heads=1, seed=3)
-    spec = fa_lab.make_spec(q, k, v, causal=True)
-    o, lse = nt.launch_tiled(q, k, v, spec, cfg=cfg)
-    ref_o, ref_lse = reference_attention(q, k, v, spec)
-    assert_close(o, ref_o, torch.float32, what="GPU tile shape O")
-    assert_close(lse, ref_lse, torch.float32, what="GPU tile shape lse")
+    _launch_matches_reference(nt.GPU_CONFIGS[64], q, k, v, fa_lab.make_spec(q, k, v, causal=True))
 
 
 @pytest.mark.slow   # the steps' fast-tier case is tests/test_attention.py's STEP_SHAPE, under every mask
