@@ -16,6 +16,7 @@ from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv
 from fa_lab.kernels.numba import steps as numba_steps
 from fa_lab.kernels.numba import tiled as nt
+from fa_lab.kernels.numba.tile_config import STATIC_SHARED_LIMIT, VEC
 
 STEPS = [name for name in numba_steps.STEPS if name != "numba_naive"]   # the chapter's kernels, in order
 
@@ -70,6 +71,23 @@ def test_every_loading_variant_matches_reference(cfg, case):
         D = cfg.d_pad - 3                                  # a padded head dim: the zero-filled tails
     q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, seed=Nq * 7 + D)
     _launch_matches_reference(cfg, q, k, v, fa_lab.make_spec(q, k, v, **mask))
+
+
+def test_more_shared_memory_than_a_block_gets_by_default():
+    # 64-key tiles at D = 128: 78 KiB of shared memory, so the launch opts in to more than 48 KiB (on a GPU)
+    cfg = nt.TileConfig(16, 64, 2, 2, 128)
+    assert cfg.shared_bytes() > STATIC_SHARED_LIMIT
+    q, k, v = random_qkv(1, 2, 20, 77, 100, kv_heads=1, seed=5)
+    _launch_matches_reference(cfg, q, k, v, fa_lab.make_spec(q, k, v, causal=True))
+
+
+def test_shared_tiles_do_not_overlap():
+    for cfg in (*nt.GPU_CONFIGS.values(), *LOADING):
+        floats = cfg.shared_floats()
+        assert 4 * sum(floats.values()) == cfg.shared_bytes()
+        assert all(n % VEC == 0 for name, n in floats.items() if name != "red")   # tiles start 16-byte aligned
+        k_rows, v_rows = cfg.block_n * (cfg.d_pad + VEC), cfg.block_n * cfg.d_pad
+        assert floats["kv"] == (max(k_rows, v_rows) if cfg.share_kv else k_rows + v_rows)
 
 
 @pytest.mark.slow   # 128 Python threads a block in the simulator: seconds per launch
@@ -174,7 +192,7 @@ def test_tile_configs_are_consistent():
     # the simulator runs a Python thread per CUDA thread: keep its blocks tiny
     assert all(cfg.threads <= 8 for cfg in nt.CPU_CONFIGS.values())
     with pytest.raises(ValueError, match="shared memory"):
-        nt.TileConfig(128, 64, 16, 16, 128).check()
+        nt.TileConfig(256, 128, 16, 16, 128).check()      # 420 KiB: more than a block can opt in to
     with pytest.raises(ValueError, match="multiple"):
         nt.TileConfig(64, 30, 16, 8, 64).check()
     with pytest.raises(ValueError, match="block_n\\*d_pad=128 must be a multiple of 256"):

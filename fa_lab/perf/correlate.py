@@ -68,7 +68,7 @@ _KERNELS = {
     "naive_torch": KernelModel("naive", None, None, score_bytes=4, note="chapter 1: S and P in fp32"),
     "numba_naive": KernelModel("naive", None, None, unit="cuda", score_bytes=4,
                                note="chapter 1: three Numba kernels, fp32 on CUDA cores"),
-    "numba_tiled": KernelModel(block_m=64, block_n=32, unit="cuda", note="chapter 3: tiled fp32 on CUDA cores"),
+    "numba_tiled": KernelModel(block_m=64, block_n=64, unit="cuda", note="chapter 3: tiled fp32 on CUDA cores"),
     "triton": KernelModel(block_m=128, block_n=64, note="chapter 4: Triton forward on Tensor Cores (autotuned tiles)"),
 }
 

@@ -72,3 +72,34 @@ def simulator_speed():
         sys.setswitchinterval(old)
         if patch:
             kernelapi.FakeCUDAShared.array = simulator_array
+
+
+_allowed_shared: dict = {}
+
+
+def allow_shared_bytes(kernel, args, nbytes: int) -> None:
+    """Let ``kernel`` (a ``cuda.jit`` dispatcher, to be launched with ``args``) take ``nbytes`` of dynamic
+    shared memory, beside its static shared arrays.
+
+    A block gets 48 KiB of shared memory unless its kernel opts in to more, once, through the function
+    attribute ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` (``cudaFuncSetAttribute`` in CUDA C++); a launch asking for
+    more without it fails.  Numba has no call for that attribute, so this sets it on the compiled function
+    through Numba's driver.  A ``ValueError`` if this GPU cannot give a block that much.  The simulator
+    has no limit: there this does nothing.
+    """
+    if not ON_GPU:
+        return
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    function = compiled._codelibrary.get_cufunc()     # the CUDA function of this compilation (Numba internal)
+    key = (id(function), function.device.id)
+    if _allowed_shared.get(key, 0) >= nbytes:
+        return
+    total, most = compiled.shared_mem_per_block + nbytes, function.device.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    if total > most:
+        raise ValueError(f"this kernel needs {total} bytes of shared memory per block; "
+                         f"{torch.cuda.get_device_name()} allows at most {most}")
+    from numba.cuda.cudadrv.driver import binding, driver
+
+    attribute = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attribute, nbytes, function.handle, function.device.id)
+    _allowed_shared[key] = nbytes

@@ -10,134 +10,55 @@ Inside a block the work is split as in an SGEMM micro-kernel: the block's thread
 a ``THREADS_M x THREADS_N`` grid and each thread computes a small register tile of S
 (``ROWS`` query rows x ``KEYS`` keys) and of O (``ROWS`` rows x ``DIMS`` features).
 Every value read from shared memory is then used several times from a register
-(on an H100, fp32, D = 128: 26 TFLOP/s against 8 for one query row per thread).
+(chapter 3 measures what that is worth against one query row per thread).
 
 Key tiles that no row of the block can see (outside the causal triangle or the
 sliding window) are skipped: the tile loop runs only over ``block_key_range``.  Tiles
 that are partly visible — the diagonal, the window edges, the tail past ``Nk`` —
 are masked element by element.
 
-Shared and local arrays need sizes known when the kernel is compiled, so a kernel is
-compiled per ``TileConfig``: one per head-dim bucket (D padded with zeros to 16, 32,
-64 or 128).  Head dims above 128 are refused with a ``ValueError``.
+The K/V tile lives in dynamic shared memory, sized at launch: a block may have more than
+48 KiB of shared memory only through it (the Q and P tiles are static arrays).  Local arrays
+need sizes known when the kernel is compiled, so a kernel is compiled per ``TileConfig``
+(``fa_lab.kernels.numba.tile_config``): one per head-dim bucket (D padded with zeros to 16,
+32, 64 or 128).  Head dims above 128 are refused with a ``ValueError``.
 """
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from numba import cuda, float32, uint32, uint64
 
 from fa_lab.core.registry import register
-from fa_lab.core.world import ON_GPU, pick
-from fa_lab.kernels.numba.bridge import as_array, require_float32, simulator_speed, stream
+from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.numba.bridge import allow_shared_bytes, as_array, require_float32, simulator_speed, stream
 from fa_lab.kernels.numba.heads import head_starts
-
-#: Head dims are padded up to one of these; each has its own compiled kernel.
-HEAD_DIM_BUCKETS = (16, 32, 64, 128)
-MAX_HEAD_DIM = HEAD_DIM_BUCKETS[-1]
+from fa_lab.kernels.numba.tile_config import (
+    CPU_CONFIGS,
+    GPU_CONFIGS,
+    HEAD_DIM_BUCKETS,
+    MAX_HEAD_DIM,
+    SHARED_LIMIT,
+    STATIC_SHARED_LIMIT,
+    VEC,
+    TileConfig,
+    config_for,
+    head_dim_bucket,
+)
 
 # "Minus infinity" inside the kernels.  A finite sentinel, because fastmath lets the
 # compiler assume no value is ever infinite; exp(NEG_BIG - m) still underflows to 0.
 NEG_BIG = float32(-1e30)
 LOG2E, LN2 = float32(math.log2(math.e)), float32(math.log(2.0))
 
-#: Floats per shared-memory load in the inner loops: runs of 4 are one 128-bit load.
-VEC = 4
-#: Shared tiles start on 16-byte boundaries so that those runs are aligned (the simulator takes no alignment).
+#: Shared tiles start on 16-byte boundaries so that runs of VEC floats are aligned (the simulator takes no alignment).
 ALIGN = 16 if ON_GPU else None
 #: On the GPU a row's threads combine their maxima with warp shuffles; the simulator has none.
 SHUFFLE = ON_GPU
 FULL_MASK = 0xFFFFFFFF
-
-#: Static shared memory a block may use without opting in to more (48 KiB).
-SHARED_LIMIT = 48 * 1024
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    """The compile-time shape of one tiled kernel."""
-
-    block_m: int     # BLOCK_M: query rows per block
-    block_n: int     # BLOCK_N: keys per K/V tile
-    threads_m: int   # threads along the rows of the block
-    threads_n: int   # threads along the keys (and along D in the P·V product)
-    d_pad: int       # head dim the kernel is compiled for (inputs are zero-padded up to it)
-    share_kv: bool = False  # K and V tiles take turns in one shared buffer (saves shared memory)
-    max_registers: int | None = None  # cap per thread, so that more blocks fit on a multiprocessor
-    load_v_early: bool = True   # V's global loads in flight while S is computed (costs LOADS registers)
-
-    @property
-    def threads(self) -> int:
-        return self.threads_m * self.threads_n
-
-    @property
-    def rows(self) -> int:   # query rows per thread
-        return self.block_m // self.threads_m
-
-    @property
-    def keys(self) -> int:   # keys per thread in the S tile
-        return self.block_n // self.threads_n
-
-    @property
-    def dims(self) -> int:   # output features per thread
-        return self.d_pad // self.threads_n
-
-    def shared_bytes(self) -> int:
-        q, p = self.block_m * (self.d_pad + VEC), self.block_m * (self.block_n + VEC)
-        k, v = self.block_n * (self.d_pad + VEC), self.block_n * self.d_pad
-        red = self.block_m * (self.threads_n + 1)
-        return 4 * (q + (max(k, v) if self.share_kv else k + v) + p + red)
-
-    def check(self) -> "TileConfig":
-        for what, big, small in (("block_m", self.block_m, self.threads_m), ("block_n", self.block_n, self.threads_n),
-                                 ("block_n", self.block_n, VEC),                  # P rows read in runs of VEC keys
-                                 ("d_pad", self.d_pad, VEC * self.threads_n),     # V rows in runs of VEC features
-                                 # and no K/V tile element left unloaded:
-                                 ("block_n*d_pad", self.block_n * self.d_pad, self.threads)):
-            if big % small:
-                raise ValueError(f"{what}={big} must be a multiple of {small}: {self}")
-        if 32 % self.threads_n:
-            raise ValueError(f"threads_n={self.threads_n} must divide 32 (a row's threads are lanes of one warp): "
-                             f"{self}")
-        if self.shared_bytes() > SHARED_LIMIT:
-            raise ValueError(f"{self} needs {self.shared_bytes()} bytes of shared memory, over {SHARED_LIMIT}")
-        return self
-
-
-# On the GPU (chosen by `scripts/bench_ch3.py --tune` on an H100): each thread a 4x4
-# register tile of S, 128 threads per block up to D = 64, V's loads issued early.  At D = 16 a
-# thread's output features must still be runs of four (VEC), so only 4 threads share a row.
-# At D = 128 a 64 x 32 tile would need 66 KB of shared memory (48 KB is the static limit), so
-# BLOCK_N drops to 16, K and V take turns in one buffer, and 64 threads each own a 4 x 32
-# slice of the output.  The register caps keep 4 blocks on a multiprocessor (the most that
-# their shared memory allows) without spilling.
-# In the simulator every CUDA thread is a Python thread: 4 per block.
-GPU_CONFIGS = {
-    16: TileConfig(64, 32, 16, 4, 16, max_registers=128),
-    32: TileConfig(64, 32, 16, 8, 32, max_registers=104),
-    64: TileConfig(64, 32, 16, 8, 64, max_registers=128),
-    128: TileConfig(64, 16, 16, 4, 128, share_kv=True),
-}
-CPU_CONFIGS = {d: TileConfig(4, 4, 2, 2, d) for d in HEAD_DIM_BUCKETS}
-
-
-def head_dim_bucket(head_dim: int) -> int:
-    """The padded head dim a kernel is compiled for; ValueError above ``MAX_HEAD_DIM``."""
-    for bucket in HEAD_DIM_BUCKETS:
-        if head_dim <= bucket:
-            return bucket
-    raise ValueError(f"numba_tiled keeps a {MAX_HEAD_DIM}-wide accumulator per row on chip and supports "
-                     f"head dims 1..{MAX_HEAD_DIM}; got head_dim={head_dim}")
-
-
-def config_for(head_dim: int) -> TileConfig:
-    """The tile configuration used for ``head_dim`` in this world."""
-    bucket = head_dim_bucket(head_dim)
-    return pick(cpu=CPU_CONFIGS, gpu=GPU_CONFIGS)[bucket]
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,9 +93,8 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     P_STRIDE = BLOCK_N + VEC            # one column of different rows still hit different banks
     V_EARLY = cfg.load_v_early
     R_STRIDE = THREADS_N + 1
-    V_OFFSET = 0 if cfg.share_kv else BLOCK_N * K_STRIDE
-    KV_SIZE = max(BLOCK_N * K_STRIDE, BLOCK_N * D_PAD) if cfg.share_kv else BLOCK_N * (K_STRIDE + D_PAD)
-    Q_SIZE, P_SIZE, R_SIZE = BLOCK_M * Q_STRIDE, BLOCK_M * P_STRIDE, BLOCK_M * R_STRIDE
+    Q_SIZE, P_SIZE, R_SIZE = (cfg.shared_floats()[tile] for tile in ("q", "p", "red"))
+    V_AT = 0 if cfg.share_kv else BLOCK_N * K_STRIDE   # in the K/V tile: V after K, or in its place
     LOADS = BLOCK_N * D_PAD // THREADS    # elements of a K (or V) tile each thread loads
     SHARE_KV, SKIP = cfg.share_kv, skip_masked_tiles
     Q_ROW_STEP, P_ROW_STEP, R_ROW_STEP = THREADS_M * Q_STRIDE, THREADS_M * P_STRIDE, THREADS_M * R_STRIDE
@@ -182,8 +102,8 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     # lane distances of a butterfly over a row's THREADS_N neighbouring lanes: THREADS_N/2, ..., 1
     XOR_LANES = tuple(THREADS_N >> k for k in range(1, THREADS_N.bit_length()))
     ZERO = float32(0.0)
-    U0, U_VEC, U_D_PAD, U_BLOCK_N, U_K_STRIDE, U_V_OFFSET = (np.uint32(x) for x in (0, VEC, D_PAD, BLOCK_N,
-                                                                                K_STRIDE, V_OFFSET))
+    U0, U_VEC, U_D_PAD, U_BLOCK_N, U_K_STRIDE, U_V_AT = (np.uint32(x) for x in (0, VEC, D_PAD, BLOCK_N,
+                                                                             K_STRIDE, V_AT))
 
     options = dict(fastmath=True)
     if ON_GPU and cfg.max_registers:          # the simulator's jit takes no register cap
@@ -240,10 +160,12 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         u_d = uint64(D)
         q_head, kv_head = head_starts(bh, H, group, Nq, Nk, D)   # this head's Q (and O), its K/V head (GQA)
 
-        q_s = cuda.shared.array(Q_SIZE, float32, alignment=ALIGN)     # Q tile [m][d], pre-scaled
-        kv_s = cuda.shared.array(KV_SIZE, float32, alignment=ALIGN)   # K tile [n][d] (padded rows), V tile [n][d]
-        p_s = cuda.shared.array(P_SIZE, float32, alignment=ALIGN)     # P tile [m][n] (padded rows)
-        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: row sums at the end (and, without shuffles, maxima)
+        q_s = cuda.shared.array(Q_SIZE, float32, alignment=ALIGN)   # Q tile [m][d], pre-scaled
+        p_s = cuda.shared.array(P_SIZE, float32, alignment=ALIGN)   # P tile [m][n] (padded rows)
+        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: row sums at the end (and, without
+                                                           # shuffles, maxima)
+        # K tile [n][d] (padded rows) and V tile [n][d]: dynamic shared memory (size 0 here, set at launch)
+        kv_s = cuda.shared.array(0, float32, alignment=ALIGN)
 
         # Where this thread's first row / key / feature sits in each shared tile (unsigned).
         u_tx = uint32(tx)
@@ -251,7 +173,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         k_base = uint32(tx * K_STRIDE)
         p_base = uint32(ty * P_STRIDE)
         r_base = uint32(ty * R_STRIDE)
-        v_base = uint32(V_OFFSET + VEC * tx)
+        v_base = uint32(V_AT + VEC * tx)
 
         # Q tile, read once and pre-multiplied by the scale; zeros past Nq and past D (and in the row padding).
         for e in range(tid, BLOCK_M * Q_STRIDE, THREADS):
@@ -292,7 +214,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
             fetch(k_regs, K, n_start, kv_head, Nk, u_d, tid)
             if not (SHARE_KV or V_EARLY):     # V beside K, in its own buffer: both tiles' loads in flight at once
                 fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
-                stash(kv_s, U_V_OFFSET, U_D_PAD, v_regs, tid)
+                stash(kv_s, U_V_AT, U_D_PAD, v_regs, tid)
             stash(kv_s, U0, U_K_STRIDE, k_regs, tid)
             cuda.syncthreads()
             if V_EARLY:
@@ -349,7 +271,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
             if SHARE_KV and not V_EARLY:      # K is no longer needed: V takes its place
                 fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
             if SHARE_KV or V_EARLY:
-                stash(kv_s, U_V_OFFSET, U_D_PAD, v_regs, tid)
+                stash(kv_s, U_V_AT, U_D_PAD, v_regs, tid)
 
             # Online softmax: new max, rescale what was accumulated, P tile to shared memory.
             for i in range(ROWS):
@@ -434,10 +356,13 @@ def launch_tiled(q, k, v, spec, *, cfg: TileConfig | None = None, skip_masked_ti
     lse = torch.empty(spec.batch, spec.heads, spec.n_q, device=q.device, dtype=torch.float32)
     kernel = build_kernel(cfg, skip_masked_tiles)
     grid = (math.ceil(spec.n_q / cfg.block_m), spec.batch * spec.heads)
+    args = (*(as_array(t.view(-1)) for t in (q, k, v, o, lse)), spec.heads, spec.group, spec.n_q, spec.n_k,
+            spec.head_dim, np.float32(spec.scale), spec.left, spec.right)
+    kv_bytes = 4 * cfg.shared_floats()["kv"]          # the dynamic part: the K/V tile
+    if cfg.shared_bytes() > STATIC_SHARED_LIMIT:
+        allow_shared_bytes(kernel, args, kv_bytes)
     with simulator_speed():
-        kernel[grid, cfg.threads, stream()](*(as_array(t.view(-1)) for t in (q, k, v, o, lse)),
-                                            spec.heads, spec.group, spec.n_q, spec.n_k, spec.head_dim,
-                                            np.float32(spec.scale), spec.left, spec.right)
+        kernel[grid, cfg.threads, stream(), kv_bytes](*args)
     return o, lse
 
 
@@ -474,5 +399,5 @@ register(
     extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,   # only lse beyond O
 )(numba_tiled)
 
-__all__ = ["TileConfig", "HEAD_DIM_BUCKETS", "MAX_HEAD_DIM", "build_kernel", "config_for", "head_dim_bucket",
-           "launch_tiled", "numba_tiled", "hbm_bytes", "GPU_CONFIGS", "CPU_CONFIGS"]
+__all__ = ["TileConfig", "HEAD_DIM_BUCKETS", "MAX_HEAD_DIM", "SHARED_LIMIT", "build_kernel", "config_for",
+           "head_dim_bucket", "launch_tiled", "numba_tiled", "hbm_bytes", "GPU_CONFIGS", "CPU_CONFIGS"]
