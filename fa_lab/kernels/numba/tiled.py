@@ -162,9 +162,11 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
 
         q_s = cuda.shared.array(Q_SIZE, float32, alignment=ALIGN)   # Q tile [m][d], pre-scaled
         p_s = cuda.shared.array(P_SIZE, float32, alignment=ALIGN)   # P tile [m][n] (padded rows)
-        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: row sums at the end (and, without
-                                                           # shuffles, maxima)
-        # K tile [n][d] (padded rows) and V tile [n][d]: dynamic shared memory (size 0 here, set at launch)
+        red_s = cuda.shared.array(R_SIZE, float32)   # [m][thread]: row sums at the end (and, without shuffles, maxima)
+        # K tile [n][d] (padded rows) and V tile [n][d]: dynamic shared memory (size 0 here, set at launch), the
+        # only kind a block may have more than 48 KiB of.  Only this tile is dynamic: Q and P as arrays of their
+        # own tell the compiler that a store to P cannot change a Q or K value it has loaded (offsets into one
+        # buffer do not, and that ran slower).
         kv_s = cuda.shared.array(0, float32, alignment=ALIGN)
 
         # Where this thread's first row / key / feature sits in each shared tile (unsigned).
