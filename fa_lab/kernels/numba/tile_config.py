@@ -93,7 +93,7 @@ class TileConfig:
 # many tiles means half as many barriers and rescalings of acc per key.  At D = 16 a thread's
 # output features must still be runs of four (VEC), so only 4 threads share a row.  At D = 128
 # the 64 x 16 tile with K and V taking turns in one buffer, 64 threads each owning a 4 x 32 slice
-# of the output, stays the fastest without a mask.
+# of the output, is as fast as any larger tile tried (docs/decisions/numba-vector-loads.md).
 # In the simulator every CUDA thread is a Python thread: 4 per block.
 GPU_CONFIGS = {
     16: TileConfig(64, 64, 16, 4, 16, max_registers=168),
