@@ -21,6 +21,7 @@ from fa_lab.core.world import ON_GPU
 from fa_lab.exercises import get
 from fa_lab.exercises.ch3 import key_tiles, tile_mask, tile_update
 from fa_lab.exercises.ch3_kernels import BLOCK_M, BLOCK_N, D_MAX
+from fa_lab.exercises.ch3_occupancy import blocks_per_sm
 from fa_lab.exercises.runner import run_check
 from fa_lab.exercises.sim_counts import MemoryCounter, tiles_needed
 
@@ -149,7 +150,7 @@ def test_wrong_answers_fail_with_feedback(name, fn, words):
 
 
 @pytest.mark.parametrize("name", ["ch3_tile_mask", "ch3_key_tiles", "ch3_tile_update", "ch3_tiled_kernel",
-                                  "ch3_causal_skip"])
+                                  "ch3_causal_skip", "ch3_blocks_per_sm"])
 def test_every_named_mistake_is_diagnosed(name):
     ex = get(name)
     assert ex.chapter == 3 and len(ex.mistakes) >= 3
@@ -157,6 +158,51 @@ def test_every_named_mistake_is_diagnosed(name):
         res = run_check(ex, mistake.fn, trusted=True)     # the mistakes are built on the solutions
         assert res.score < res.max_score, mistake.name
         assert any(mistake.name in str(row.get("diagnosis", "")) for row in res.rows), mistake.name
+
+
+# --------------------------------------------------------------------------- blocks per SM (3.6)
+
+def test_blocks_per_sm_of_the_chapters_tile_shapes():
+    # the shapes numba_tiled ships for the H100, by the rules of the exercise: static tiles, the K/V tile dynamic
+    from fa_lab.kernels.numba.tile_config import GPU_CONFIGS
+
+    got = {}
+    for d, cfg in GPU_CONFIGS.items():
+        floats = cfg.shared_floats()
+        static, dynamic = 4 * (floats["q"] + floats["p"] + floats["red"]), 4 * floats["kv"]
+        assert static + dynamic == cfg.shared_bytes()
+        got[d] = blocks_per_sm(cfg.threads, cfg.max_registers or 255, static, dynamic)
+    assert got[64] == (3, True)          # 69 KiB and 168 registers: three blocks, and the launch opts in
+    assert got[128] == (4, False)
+    assert all(blocks >= 3 for blocks, _ in got.values())
+
+
+@pytest.mark.parametrize("shared,opt_in", [(48 * 1024, False), (48 * 1024 + 4, True), (227 * 1024, True)])
+def test_blocks_per_sm_at_the_shared_memory_limits(shared, opt_in):
+    blocks, got = blocks_per_sm(128, 32, shared - 4096, 4096)
+    assert got == opt_in and blocks == 228 * 1024 // (shared + 1024) >= 1
+    assert blocks_per_sm(128, 32, 227 * 1024, 4) == (0, True)      # more than any block may have
+
+
+def learner_blocks_as_floats(threads, registers, static_bytes, dynamic_bytes):
+    shared = static_bytes + dynamic_bytes
+    return min(2048 / threads, 32, 65536 / (registers * threads), 228 * 1024 / (shared + 1024)), shared > 48 * 1024
+
+
+def learner_forgets_the_warp_rounding(threads, registers, static_bytes, dynamic_bytes):
+    shared = static_bytes + dynamic_bytes
+    if shared > 227 * 1024:
+        return 0, True
+    return (min(2048 // threads, 32, 65536 // (registers * threads), 228 * 1024 // (shared + 1024)),
+            shared > 48 * 1024)
+
+
+@pytest.mark.parametrize("fn,words", [(learner_blocks_as_floats, "(int, bool)"),
+                                      (learner_forgets_the_warp_rounding, "blocks=")])
+def test_wrong_blocks_per_sm_fail_with_feedback(fn, words):
+    res = run_check(get("ch3_blocks_per_sm"), fn)
+    assert res.max_score > 0 and res.score < res.max_score
+    assert words in res.first_failure["message"], res.first_failure["message"]
 
 
 # --------------------------------------------------------------------------- the kernel exercises (3.4, 3.5)

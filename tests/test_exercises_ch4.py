@@ -233,6 +233,7 @@ def test_chapter_modules_register_in_the_book_order():
     assert chapters == sorted(chapters)
     assert [n for n in order if n.startswith(("ch3", "ch4", "ch5"))] == [
         "ch3_tile_mask", "ch3_key_tiles", "ch3_tile_update", "ch3_tiled_kernel", "ch3_causal_skip",
+        "ch3_blocks_per_sm",
         "ch4_key_block_ranges", "ch4_flash_forward", "ch4_flash_kernel", "ch4_skip_masked",
         "ch5_recompute_p", "ch5_dv_and_delta", "ch5_ds_from_dp", "ch5_attention_backward",
         "ch5_dkdv_kernel", "ch5_dq_kernel"]

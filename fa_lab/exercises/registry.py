@@ -50,6 +50,7 @@ CHAPTER_MODULES = [
     "fa_lab.exercises.ch2",
     "fa_lab.exercises.ch3",
     "fa_lab.exercises.ch3_kernels",
+    "fa_lab.exercises.ch3_occupancy",
     "fa_lab.exercises.ch4",
     "fa_lab.exercises.ch4_kernels",
     "fa_lab.exercises.ch5",
