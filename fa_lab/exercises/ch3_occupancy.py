@@ -35,10 +35,15 @@ def blocks_per_sm(threads, registers, static_bytes, dynamic_bytes):
     opt_in = shared > DEFAULT_SHARED
     if shared > MAX_SHARED:
         return 0, opt_in
+    return min(_limits(threads, registers, shared).values()), opt_in
+
+
+def _limits(threads, registers, shared):
+    """How many blocks each of the SM's resources allows."""
     warps = -(-threads // 32)                      # registers and threads are handed out by whole warps
-    blocks = min(SM_THREADS // (32 * warps), SM_BLOCKS, SM_REGISTERS // (registers * 32 * warps),
-                 SM_SHARED // (shared + RESERVED_PER_BLOCK))
-    return blocks, opt_in
+    return dict(threads=SM_THREADS // (32 * warps), blocks=SM_BLOCKS,
+                registers=SM_REGISTERS // (registers * 32 * warps),
+                shared=SM_SHARED // (shared + RESERVED_PER_BLOCK))
 
 
 # --------------------------------------------------------------------------- cases
@@ -81,38 +86,28 @@ def _compare(got, expected, case):
 
 # --------------------------------------------------------------------------- typical mistakes
 
-def _no_reserve(threads, registers, static_bytes, dynamic_bytes):
-    blocks, opt_in = blocks_per_sm(threads, registers, static_bytes, dynamic_bytes)
-    if blocks == 0:
-        return blocks, opt_in
-    warps = -(-threads // 32)
-    return min(SM_THREADS // (32 * warps), SM_BLOCKS, SM_REGISTERS // (registers * 32 * warps),
-               SM_SHARED // (static_bytes + dynamic_bytes)), opt_in
+def _with_limit(resource, count):
+    """A wrong answer: ``blocks_per_sm`` with one resource's count replaced by ``count(threads, registers, shared)``
+    (None: that limit left out)."""
+    def wrong(threads, registers, static_bytes, dynamic_bytes):
+        blocks, opt_in = blocks_per_sm(threads, registers, static_bytes, dynamic_bytes)
+        if blocks == 0:
+            return blocks, opt_in
+        shared = static_bytes + dynamic_bytes
+        limits = _limits(threads, registers, shared)
+        limits[resource] = count(threads, registers, shared)
+        return min(n for n in limits.values() if n is not None), opt_in
+    return wrong
+
+
+_no_reserve = _with_limit("shared", lambda t, r, shared: SM_SHARED // shared if shared else None)
+_registers_per_thread = _with_limit("registers", lambda t, registers, s: SM_REGISTERS // registers)
+_no_block_cap = _with_limit("blocks", lambda t, r, s: None)
 
 
 def _opt_in_from_dynamic_only(threads, registers, static_bytes, dynamic_bytes):
     blocks, _ = blocks_per_sm(threads, registers, static_bytes, dynamic_bytes)
     return blocks, dynamic_bytes > DEFAULT_SHARED
-
-
-def _registers_per_thread(threads, registers, static_bytes, dynamic_bytes):
-    blocks, opt_in = blocks_per_sm(threads, registers, static_bytes, dynamic_bytes)
-    if blocks == 0:
-        return blocks, opt_in
-    warps = -(-threads // 32)
-    shared = static_bytes + dynamic_bytes
-    return min(SM_THREADS // (32 * warps), SM_BLOCKS, SM_REGISTERS // registers,
-               SM_SHARED // (shared + RESERVED_PER_BLOCK)), opt_in
-
-
-def _no_block_cap(threads, registers, static_bytes, dynamic_bytes):
-    blocks, opt_in = blocks_per_sm(threads, registers, static_bytes, dynamic_bytes)
-    if blocks == 0:
-        return blocks, opt_in
-    warps = -(-threads // 32)
-    shared = static_bytes + dynamic_bytes
-    return min(SM_THREADS // (32 * warps), SM_REGISTERS // (registers * 32 * warps),
-               SM_SHARED // (shared + RESERVED_PER_BLOCK)), opt_in
 
 
 register_exercise(Exercise(
