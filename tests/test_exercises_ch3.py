@@ -184,6 +184,18 @@ def test_blocks_per_sm_at_the_shared_memory_limits(shared, opt_in):
     assert blocks_per_sm(128, 32, 227 * 1024, 4) == (0, True)      # more than any block may have
 
 
+def test_blocks_per_sm_accepts_numpy_integers_and_booleans():
+    def with_numpy(threads, registers, static_bytes, dynamic_bytes):
+        shared = static_bytes + dynamic_bytes
+        if shared > 227 * 1024:
+            return np.int64(0), np.bool_(True)
+        warps = -(-threads // 32)
+        counts = [2048 // (32 * warps), 32, 65536 // (registers * 32 * warps), 228 * 1024 // (shared + 1024)]
+        return np.min(np.array(counts)), np.bool_(shared > 48 * 1024)
+
+    assert run_check(get("ch3_blocks_per_sm"), with_numpy).passed
+
+
 def learner_blocks_as_floats(threads, registers, static_bytes, dynamic_bytes):
     shared = static_bytes + dynamic_bytes
     return min(2048 / threads, 32, 65536 / (registers * threads), 228 * 1024 / (shared + 1024)), shared > 48 * 1024

@@ -10,6 +10,9 @@ memory unless its kernel opts in, and at most 227 KiB with the opt-in.
 """
 from __future__ import annotations
 
+import numbers
+
+import numpy as np
 import torch
 
 import fa_lab.exercises.ch3_kernels  # noqa: F401  (the chapter's kernels register first: names() keeps the book's order)
@@ -77,8 +80,11 @@ def _compare(got, expected, case):
         forgot = " (None: did you forget the `return`?)" if got is None else ""
         raise AssertionError(f"expected a pair (blocks, opt_in), got {type(got).__name__}{forgot}")
     blocks, opt_in = got
-    if not isinstance(opt_in, bool) or isinstance(blocks, bool) or not isinstance(blocks, int):
+    # NumPy's integers and booleans are as good as Python's; floats (a count with a fraction) are not
+    if isinstance(blocks, (bool, np.bool_)) or not isinstance(blocks, numbers.Integral) \
+            or not isinstance(opt_in, (bool, np.bool_)):
         raise AssertionError(f"expected (int, bool), got ({type(blocks).__name__}, {type(opt_in).__name__})")
+    blocks, opt_in = int(blocks), bool(opt_in)
     if (blocks, opt_in) != tuple(expected):
         raise AssertionError(f"got (blocks={blocks}, opt_in={opt_in}), expected "
                              f"(blocks={expected[0]}, opt_in={expected[1]})")
