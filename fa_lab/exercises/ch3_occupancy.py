@@ -17,12 +17,15 @@ import torch
 
 import fa_lab.exercises.ch3_kernels  # noqa: F401  (the chapter's kernels register first: names() keeps the book's order)
 from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
+# the kernel's own limits: what a block gets without opting in, and the most it can opt in to
+from fa_lab.kernels.numba.tile_config import SHARED_LIMIT as MAX_SHARED
+from fa_lab.kernels.numba.tile_config import STATIC_SHARED_LIMIT as DEFAULT_SHARED
+from fa_lab.perf.devices import get_device
 
 KIB = 1024
-SM_THREADS, SM_BLOCKS, SM_REGISTERS, SM_SHARED = 2048, 32, 65536, 228 * KIB
+SM_THREADS, SM_BLOCKS, SM_REGISTERS = 2048, 32, 65536
+SM_SHARED = get_device("H100").smem_per_sm   # 228 KiB
 RESERVED_PER_BLOCK = 1 * KIB          # shared memory CUDA keeps for itself in every block
-DEFAULT_SHARED = 48 * KIB             # what a block gets without opting in
-MAX_SHARED = 227 * KIB                # the most one block can opt in to
 
 
 # --------------------------------------------------------------------------- solution
