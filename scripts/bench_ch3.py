@@ -119,11 +119,9 @@ TUNE_CONFIGS = {   # the first of each is the default (numba_tiled.config_for)
          TC(64, 32, 16, 8, 32, max_registers=104)],
     64: [TC(64, 64, 16, 8, 64, max_registers=168), TC(64, 64, 16, 8, 64, max_registers=160),
          TC(64, 64, 16, 8, 64), TC(64, 64, 16, 8, 64, max_registers=128),
-         TC(64, 64, 16, 8, 64, max_registers=128, load_v_early=False),
-         TC(64, 64, 16, 8, 64, max_registers=168, load_v_early=False),
          TC(64, 32, 16, 8, 64, max_registers=128), TC(64, 32, 16, 8, 64, max_registers=104),
          TC(128, 64, 32, 8, 64, max_registers=128), TC(64, 64, 16, 8, 64, share_kv=True, max_registers=128)],
-    128: [TC(64, 16, 16, 4, 128, True), TC(64, 16, 16, 4, 128, True, load_v_early=False),
+    128: [TC(64, 16, 16, 4, 128, True),
           TC(64, 32, 16, 8, 128, True, 168), TC(64, 16, 16, 4, 128), TC(32, 32, 8, 8, 128, True)],
 }
 

@@ -168,10 +168,7 @@ def test_blocks_per_sm_of_the_chapters_tile_shapes():
 
     got = {}
     for d, cfg in GPU_CONFIGS.items():
-        floats = cfg.shared_floats()
-        static, dynamic = 4 * (floats["q"] + floats["p"] + floats["red"]), 4 * floats["kv"]
-        assert static + dynamic == cfg.shared_bytes()
-        got[d] = blocks_per_sm(cfg.threads, cfg.max_registers or 255, static, dynamic)
+        got[d] = blocks_per_sm(cfg.threads, cfg.max_registers or 255, cfg.static_bytes(), cfg.dynamic_bytes())
     assert got[64] == (3, True)          # 69 KiB and 168 registers: three blocks, and the launch opts in
     assert got[128] == (4, False)
     assert all(blocks >= 3 for blocks, _ in got.values())

@@ -16,7 +16,7 @@ from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv
 from fa_lab.kernels.numba import steps as numba_steps
 from fa_lab.kernels.numba import tiled as nt
-from fa_lab.kernels.numba.tile_config import STATIC_SHARED_LIMIT, VEC
+from fa_lab.kernels.numba.tile_config import SMALL_SHARED_CONFIGS, STATIC_SHARED_LIMIT, VEC, gpu_config
 
 STEPS = [name for name in numba_steps.STEPS if name != "numba_naive"]   # the chapter's kernels, in order
 
@@ -57,13 +57,12 @@ def _launch_matches_reference(cfg, q, k, v, spec):
     assert_close(lse, ref_lse, torch.float32, what=f"{cfg} lse")
 
 
-# every way the kernel stages K and V (own buffers or one shared; V loaded with K or early), with
-# blocks of several threads per row so that the row reductions combine threads
-LOADING = [nt.TileConfig(8, 8, 2, 2, d_pad, share_kv=share, load_v_early=early)
-           for d_pad in (16, 32) for share in (False, True) for early in (False, True)]
+# both ways the kernel stages K and V (own buffers, or one they take turns in), with blocks of
+# several threads per row so that the row reductions combine threads
+LOADING = [nt.TileConfig(8, 8, 2, 2, d_pad, share_kv=share) for d_pad in (16, 32) for share in (False, True)]
 
 
-@pytest.mark.parametrize("cfg", LOADING, ids=lambda c: f"D{c.d_pad}-share{int(c.share_kv)}-early{int(c.load_v_early)}")
+@pytest.mark.parametrize("cfg", LOADING, ids=lambda c: f"D{c.d_pad}-share{int(c.share_kv)}")
 @pytest.mark.parametrize("case", [CASES[2], CASES[3], CASES[9]], ids=[_id(c) for c in (CASES[2], CASES[3], CASES[9])])
 def test_every_loading_variant_matches_reference(cfg, case):
     B, H, Hkv, Nq, Nk, D, mask = case
@@ -82,18 +81,38 @@ def test_more_shared_memory_than_a_block_gets_by_default():
 
 
 def test_shared_tiles_do_not_overlap():
-    for cfg in (*nt.GPU_CONFIGS.values(), *LOADING):
+    for cfg in (*nt.GPU_CONFIGS.values(), *SMALL_SHARED_CONFIGS.values(), *LOADING):
         floats = cfg.shared_floats()
-        assert 4 * sum(floats.values()) == cfg.shared_bytes()
+        assert 4 * sum(floats.values()) == cfg.shared_bytes() == cfg.static_bytes() + cfg.dynamic_bytes()
+        assert cfg.dynamic_bytes() == 4 * floats["kv"]
         assert all(n % VEC == 0 for name, n in floats.items() if name != "red")   # tiles start 16-byte aligned
-        k_rows, v_rows = cfg.block_n * (cfg.d_pad + VEC), cfg.block_n * cfg.d_pad
+        # rows hold the head dim (Q, K) or the keys (P) plus padding that keeps them 16-byte aligned
+        assert cfg.q_stride == cfg.k_stride >= cfg.d_pad and cfg.p_stride >= cfg.block_n
+        assert cfg.q_stride % VEC == 0 and cfg.p_stride % VEC == 0 and cfg.red_stride > cfg.threads_n
+        k_rows, v_rows = cfg.block_n * cfg.k_stride, cfg.block_n * cfg.d_pad
         assert floats["kv"] == (max(k_rows, v_rows) if cfg.share_kv else k_rows + v_rows)
+        # V after K in its own buffer, or over K when they take turns; either way inside the K/V tile
+        assert cfg.v_at == (0 if cfg.share_kv else k_rows) and cfg.v_at + v_rows <= floats["kv"]
 
 
 @pytest.mark.slow   # 128 Python threads a block in the simulator: seconds per launch
-def test_gpu_tile_shape_matches_reference():
+@pytest.mark.parametrize("cfg", [nt.GPU_CONFIGS[64], SMALL_SHARED_CONFIGS[64]], ids=["tuned", "small-shared"])
+def test_gpu_tile_shape_matches_reference(cfg):
     q, k, v = random_qkv(1, 2, 70, 45, 64, kv_heads=1, seed=3)
-    _launch_matches_reference(nt.GPU_CONFIGS[64], q, k, v, fa_lab.make_spec(q, k, v, causal=True))
+    _launch_matches_reference(cfg, q, k, v, fa_lab.make_spec(q, k, v, causal=True))
+
+
+def test_a_gpu_with_less_shared_memory_gets_a_shape_that_fits():
+    h100, turing = 227 * 1024, 64 * 1024                 # what a block may opt in to on each
+    for bucket, tuned in nt.GPU_CONFIGS.items():
+        assert gpu_config(bucket, h100) == tuned
+        small = gpu_config(bucket, turing)
+        assert small.shared_bytes() <= turing and small.d_pad == bucket
+        # every shipped shape also fits the 48 KiB every GPU gives without the opt-in
+        assert gpu_config(bucket, STATIC_SHARED_LIMIT).shared_bytes() <= STATIC_SHARED_LIMIT
+    assert gpu_config(64, turing) == SMALL_SHARED_CONFIGS[64] != nt.GPU_CONFIGS[64]
+    with pytest.raises(ValueError, match="this GPU allows 16384"):
+        gpu_config(128, 16 * 1024)
 
 
 @pytest.mark.slow   # the steps' fast-tier case is tests/test_attention.py's STEP_SHAPE, under every mask

@@ -95,8 +95,8 @@ def test_config_labels():
 
     assert config_label(TileConfig(64, 32, 16, 8, 64)) == "64×32 t16×8"
     assert config_label(TileConfig(64, 16, 16, 4, 128, share_kv=True)) == "64×16 t16×4 shared K/V"
-    capped = TileConfig(64, 32, 16, 8, 64, max_registers=128, load_v_early=False)
-    assert config_label(capped) == "64×32 t16×8 r128 V with K"
+    capped = TileConfig(64, 64, 16, 8, 64, share_kv=True, max_registers=128)
+    assert config_label(capped) == "64×64 t16×8 shared K/V r128"
     assert config_label(Shape(1, 8, 512, 64)) == "(1, 8, 512, 64)"
     shown = frame([dict(config=TileConfig(4, 4, 2, 2, 16), dtype=torch.bfloat16, window=(8, -1), causal=True)])
     assert shown.iloc[0].tolist() == ["4×4 t2×2", "bf16", "(8, -1)", "yes"]

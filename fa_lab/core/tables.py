@@ -99,8 +99,7 @@ def config_label(obj) -> str:
 
     Triton's launch dicts read ``64×128 w4 s1`` (BLOCK_M×BLOCK_N, warps, stages, then flags such
     as ``ws``); the tiled Numba kernel's ``TileConfig`` reads ``64×32 t16×8`` (the block's tile,
-    its threads; then ``shared K/V``, a register cap ``r128``, ``V with K`` when V is not loaded
-    early); a benchmark ``Shape`` its ``(B, H, N, D)`` label; other dataclasses ``k=v``.
+    its threads; then ``shared K/V`` and a register cap ``r128``); a benchmark ``Shape`` its ``(B, H, N, D)`` label; other dataclasses ``k=v``.
     """
     if hasattr(obj, "label") and isinstance(getattr(type(obj), "label", None), property):
         return obj.label
@@ -118,7 +117,7 @@ def config_label(obj) -> str:
             label = f"{fields['block_m']}×{fields['block_n']} t{fields['threads_m']}×{fields['threads_n']}"
             label += " shared K/V" if fields.get("share_kv") else ""
             label += f" r{fields['max_registers']}" if fields.get("max_registers") else ""
-            return label + (" V with K" if fields.get("load_v_early") is False else "")
+            return label
         return " ".join(f"{k}={_text(v)}" for k, v in fields.items() if v is not None)
     return _text(obj)
 

@@ -77,6 +77,11 @@ def simulator_speed():
 _allowed_shared: dict = {}
 
 
+def shared_bytes_optin() -> int:
+    """The most shared memory one block of this GPU can opt in to (227 KiB on an H100, 64 KiB on a T4)."""
+    return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+
+
 def allow_shared_bytes(kernel, args, nbytes: int) -> None:
     """Let ``kernel`` (a ``cuda.jit`` dispatcher, to be launched with ``args``) take ``nbytes`` of dynamic
     shared memory, beside its static shared arrays.

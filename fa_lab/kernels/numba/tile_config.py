@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fa_lab.core.world import pick
+from fa_lab.core.world import ON_GPU
 
 #: Head dims are padded up to one of these; each has its own compiled kernel.
 HEAD_DIM_BUCKETS = (16, 32, 64, 128)
@@ -37,7 +37,6 @@ class TileConfig:
     d_pad: int       # head dim the kernel is compiled for (inputs are zero-padded up to it)
     share_kv: bool = False  # K and V tiles take turns in one shared buffer (saves shared memory)
     max_registers: int | None = None  # cap per thread, so that more blocks fit on a multiprocessor
-    load_v_early: bool = True   # V's global loads in flight while S is computed (costs LOADS registers)
 
     @property
     def threads(self) -> int:
@@ -55,20 +54,48 @@ class TileConfig:
     def dims(self) -> int:   # output features per thread
         return self.d_pad // self.threads_n
 
-    def shared_floats(self) -> dict[str, int]:
-        """Floats of each tile in the block's shared buffer, in the order they are laid out.
+    # Row strides of the shared tiles, in floats.  Q and K rows are padded by VEC floats, and so
+    # are P rows: rows stay 16-byte aligned, and threads reading one column of different rows hit
+    # different banks.  V rows need no padding (a thread reads runs along a row, never a column).
+    @property
+    def q_stride(self) -> int:
+        return self.d_pad + VEC
 
-        Q and K rows are padded by VEC floats, and so are P rows: rows stay 16-byte aligned,
-        and threads reading one column of different rows hit different banks.
-        """
-        k, v = self.block_n * (self.d_pad + VEC), self.block_n * self.d_pad
-        return dict(q=self.block_m * (self.d_pad + VEC),
+    @property
+    def k_stride(self) -> int:
+        return self.d_pad + VEC
+
+    @property
+    def p_stride(self) -> int:
+        return self.block_n + VEC
+
+    @property
+    def red_stride(self) -> int:   # a row's partial results, one per thread of the row, +1 against bank conflicts
+        return self.threads_n + 1
+
+    @property
+    def v_at(self) -> int:
+        """Where V starts in the K/V tile: after K, or in K's place when they take turns."""
+        return 0 if self.share_kv else self.block_n * self.k_stride
+
+    def shared_floats(self) -> dict[str, int]:
+        """Floats of each shared tile: Q, K/V, P and the row scratch ``red``."""
+        k, v = self.block_n * self.k_stride, self.block_n * self.d_pad
+        return dict(q=self.block_m * self.q_stride,
                     kv=max(k, v) if self.share_kv else k + v,
-                    p=self.block_m * (self.block_n + VEC),
-                    red=self.block_m * (self.threads_n + 1))   # a row's partial sums, one per thread
+                    p=self.block_m * self.p_stride,
+                    red=self.block_m * self.red_stride)
 
     def shared_bytes(self) -> int:
         return 4 * sum(self.shared_floats().values())
+
+    def dynamic_bytes(self) -> int:
+        """The K/V tile, the one shared array sized at launch (only dynamic shared memory can pass 48 KiB)."""
+        return 4 * self.shared_floats()["kv"]
+
+    def static_bytes(self) -> int:
+        """Q, P and the row scratch: static arrays, sized when the kernel is compiled."""
+        return self.shared_bytes() - self.dynamic_bytes()
 
     def check(self) -> "TileConfig":
         for what, big, small in (("block_m", self.block_m, self.threads_m), ("block_n", self.block_n, self.threads_n),
@@ -87,20 +114,25 @@ class TileConfig:
 
 
 # On the GPU (chosen by `scripts/bench_ch3.py --tune` on an H100): 128 threads per block up to
-# D = 64, 64 keys a tile, V's loads issued early.  At D = 64 each thread owns a 4 x 8 register tile
-# of S; the block needs 69 KiB of shared memory, more than the 48 KiB it gets without opting in,
-# and 168 registers a thread, so 3 blocks share a multiprocessor.  Against 32-key tiles, half as
-# many tiles means half as many barriers and rescalings of acc per key.  At D = 16 a thread's
-# output features must still be runs of four (VEC), so only 4 threads share a row.  At D = 128
-# the 64 x 16 tile with K and V taking turns in one buffer, 64 threads each owning a 4 x 32 slice
-# of the output, is as fast as any larger tile tried (docs/decisions/numba-vector-loads.md).
-# In the simulator every CUDA thread is a Python thread: 4 per block.
+# D = 64, 64 keys a tile.  At D = 64 each thread owns a 4 x 8 register tile of S; the block needs
+# 69 KiB of shared memory, more than the 48 KiB it gets without opting in, and 168 registers a
+# thread, so 3 blocks share a multiprocessor.  Against 32-key tiles, half as many tiles means half
+# as many barriers and rescalings of acc per key.  At D = 16 a thread's output features must still
+# be runs of four (VEC), so only 4 threads share a row.  At D = 128 the 64 x 16 tile with K and V
+# taking turns in one buffer, 64 threads each owning a 4 x 32 slice of the output, is as fast as
+# any larger tile tried (docs/decisions/numba-vector-loads.md).
 GPU_CONFIGS = {
     16: TileConfig(64, 64, 16, 4, 16, max_registers=168),
     32: TileConfig(64, 64, 16, 8, 32, max_registers=128),
     64: TileConfig(64, 64, 16, 8, 64, max_registers=168),
     128: TileConfig(64, 16, 16, 4, 128, share_kv=True),
 }
+# For a GPU that cannot give a block a GPU_CONFIGS shape's shared memory (Turing allows 64 KiB):
+# 32-key tiles, under the 48 KiB every GPU gives.  The shape shipped before 64-key tiles.
+SMALL_SHARED_CONFIGS = {
+    64: TileConfig(64, 32, 16, 8, 64, max_registers=128),
+}
+# In the simulator every CUDA thread is a Python thread: 4 per block.
 CPU_CONFIGS = {d: TileConfig(4, 4, 2, 2, d) for d in HEAD_DIM_BUCKETS}
 
 
@@ -113,11 +145,25 @@ def head_dim_bucket(head_dim: int) -> int:
                      f"head dims 1..{MAX_HEAD_DIM}; got head_dim={head_dim}")
 
 
+def gpu_config(bucket: int, shared_limit: int) -> TileConfig:
+    """The GPU shape for head-dim ``bucket`` on a GPU that lets one block take ``shared_limit`` bytes of
+    shared memory: the tuned one, or its ``SMALL_SHARED_CONFIGS`` stand-in where it does not fit."""
+    for cfg in (GPU_CONFIGS[bucket], SMALL_SHARED_CONFIGS.get(bucket)):
+        if cfg is not None and cfg.shared_bytes() <= shared_limit:
+            return cfg
+    raise ValueError(f"numba_tiled at head dim {bucket} needs {GPU_CONFIGS[bucket].shared_bytes()} bytes of "
+                     f"shared memory per block; this GPU allows {shared_limit}")
+
+
 def config_for(head_dim: int) -> TileConfig:
-    """The tile configuration used for ``head_dim`` in this world."""
+    """The tile configuration used for ``head_dim`` in this world (on a GPU: one that fits it)."""
     bucket = head_dim_bucket(head_dim)
-    return pick(cpu=CPU_CONFIGS, gpu=GPU_CONFIGS)[bucket]
+    if not ON_GPU:
+        return CPU_CONFIGS[bucket]
+    from fa_lab.kernels.numba.bridge import shared_bytes_optin
+
+    return gpu_config(bucket, shared_bytes_optin())
 
 
 __all__ = ["TileConfig", "HEAD_DIM_BUCKETS", "MAX_HEAD_DIM", "VEC", "STATIC_SHARED_LIMIT", "SHARED_LIMIT",
-           "GPU_CONFIGS", "CPU_CONFIGS", "head_dim_bucket", "config_for"]
+           "GPU_CONFIGS", "SMALL_SHARED_CONFIGS", "CPU_CONFIGS", "head_dim_bucket", "gpu_config", "config_for"]

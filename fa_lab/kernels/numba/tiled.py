@@ -89,12 +89,8 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
     cfg.check()
     BLOCK_M, BLOCK_N, THREADS_N, D_PAD = cfg.block_m, cfg.block_n, cfg.threads_n, cfg.d_pad
     THREADS_M, THREADS, ROWS, KEYS, GROUPS = cfg.threads_m, cfg.threads, cfg.rows, cfg.keys, cfg.dims // VEC
-    Q_STRIDE = K_STRIDE = D_PAD + VEC   # +4 floats per row: rows stay 16-byte aligned, and threads reading
-    P_STRIDE = BLOCK_N + VEC            # one column of different rows still hit different banks
-    V_EARLY = cfg.load_v_early
-    R_STRIDE = THREADS_N + 1
+    Q_STRIDE, K_STRIDE, P_STRIDE, R_STRIDE, V_AT = cfg.q_stride, cfg.k_stride, cfg.p_stride, cfg.red_stride, cfg.v_at
     Q_SIZE, P_SIZE, R_SIZE = (cfg.shared_floats()[tile] for tile in ("q", "p", "red"))
-    V_AT = 0 if cfg.share_kv else BLOCK_N * K_STRIDE   # in the K/V tile: V after K, or in its place
     LOADS = BLOCK_N * D_PAD // THREADS    # elements of a K (or V) tile each thread loads
     SHARE_KV, SKIP = cfg.share_kv, skip_masked_tiles
     Q_ROW_STEP, P_ROW_STEP, R_ROW_STEP = THREADS_M * Q_STRIDE, THREADS_M * P_STRIDE, THREADS_M * R_STRIDE
@@ -214,15 +210,11 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
         for n_start in range(lo, hi, BLOCK_N):
             cuda.syncthreads()                # everyone is done with the previous tile
             fetch(k_regs, K, n_start, kv_head, Nk, u_d, tid)
-            if not (SHARE_KV or V_EARLY):     # V beside K, in its own buffer: both tiles' loads in flight at once
-                fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
-                stash(kv_s, U_V_AT, U_D_PAD, v_regs, tid)
             stash(kv_s, U0, U_K_STRIDE, k_regs, tid)
             cuda.syncthreads()
-            if V_EARLY:
-                # V's loads take hundreds of cycles: issued now, they are in flight while S is
-                # computed and are waited for only when stored below.
-                fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
+            # V's loads take hundreds of cycles: issued now, they are in flight while S is
+            # computed and are waited for only when stored below.
+            fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
 
             # S tile = Q Kᵀ: thread (ty, tx) owns rows ty + THREADS_M·i and keys tx + THREADS_N·j.
             # Each step reads four head-dim values of each of its rows and keys, then does
@@ -270,10 +262,7 @@ def build_kernel(cfg: TileConfig, skip_masked_tiles: bool = True):
             if SHARE_KV or not SHUFFLE:
                 cuda.syncthreads()            # maxima in red_s; and every thread is done reading K
 
-            if SHARE_KV and not V_EARLY:      # K is no longer needed: V takes its place
-                fetch(v_regs, V, n_start, kv_head, Nk, u_d, tid)
-            if SHARE_KV or V_EARLY:
-                stash(kv_s, U_V_AT, U_D_PAD, v_regs, tid)
+            stash(kv_s, U_V_AT, U_D_PAD, v_regs, tid)   # with SHARE_KV, in K's place: K was read by everyone
 
             # Online softmax: new max, rescale what was accumulated, P tile to shared memory.
             for i in range(ROWS):
@@ -360,11 +349,10 @@ def launch_tiled(q, k, v, spec, *, cfg: TileConfig | None = None, skip_masked_ti
     grid = (math.ceil(spec.n_q / cfg.block_m), spec.batch * spec.heads)
     args = (*(as_array(t.view(-1)) for t in (q, k, v, o, lse)), spec.heads, spec.group, spec.n_q, spec.n_k,
             spec.head_dim, np.float32(spec.scale), spec.left, spec.right)
-    kv_bytes = 4 * cfg.shared_floats()["kv"]          # the dynamic part: the K/V tile
     if cfg.shared_bytes() > STATIC_SHARED_LIMIT:
-        allow_shared_bytes(kernel, args, kv_bytes)
+        allow_shared_bytes(kernel, args, cfg.dynamic_bytes())
     with simulator_speed():
-        kernel[grid, cfg.threads, stream(), kv_bytes](*args)
+        kernel[grid, cfg.threads, stream(), cfg.dynamic_bytes()](*args)
     return o, lse
 
 
