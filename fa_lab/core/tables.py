@@ -99,7 +99,8 @@ def config_label(obj) -> str:
 
     Triton's launch dicts read ``64×128 w4 s1`` (BLOCK_M×BLOCK_N, warps, stages, then flags such
     as ``ws``); the tiled Numba kernel's ``TileConfig`` reads ``64×32 t16×8`` (the block's tile,
-    its threads; then ``shared K/V`` and a register cap ``r128``); a benchmark ``Shape`` its ``(B, H, N, D)`` label; other dataclasses ``k=v``.
+    its threads; then ``shared K/V`` and a register cap ``r128``); a benchmark ``Shape`` its
+    ``(B, H, N, D)`` label; other dataclasses ``k=v``.
     """
     if hasattr(obj, "label") and isinstance(getattr(type(obj), "label", None), property):
         return obj.label
