@@ -1,0 +1,133 @@
+"""Does Triton warp-specialize the backward's loops on Hopper?  Compiled for sm_90, no GPU needed.
+
+    python scripts/compile_ws_backward.py
+
+Compiles three loops, each written the way Triton's warp specialization needs them (tensor descriptors
+built in the kernel, one loop with no mask, ``tl.range(..., warp_specialize=True)``), bf16, D = 128:
+
+* ``dkdv``: the K/V-stationary pass, dV += Pᵀ dO and dK += dSᵀ Q (4 products a query block);
+* ``dq``: the Q-stationary pass, dQ += dS K (3 products a key block);
+* ``one_pass``: ``dkdv`` that also adds each query block's dQ into an fp32 buffer by a TMA reduce-add.
+
+For each tile it prints whether the compiler split the loop into partitions (``ttg.warp_specialize``
+in the TTGIR), the warps a program then has, the ``setmaxnreg`` instructions in the PTX and the
+shared memory.  Nothing runs: whether a split loop is correct and fast is a GPU measurement
+(``docs/decisions/one-pass-backward.md``).
+"""
+from __future__ import annotations
+
+import os
+
+# This compiles for a GPU: the interpreter (set for the CPU world) would swap the kernels for Python functions.
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+HEAD_DIM = 128
+HOPPER = GPUTarget("cuda", 90, 32)
+#: (loop, BLOCK_M, BLOCK_N, warps, stages)
+TILES = [("dkdv", 64, 128, 4, 2), ("dkdv", 32, 128, 4, 2), ("dkdv", 64, 64, 4, 2), ("dkdv", 128, 64, 4, 2),
+         ("dkdv", 128, 128, 4, 2), ("dkdv", 64, 128, 8, 2), ("dq", 64, 128, 4, 2), ("dq", 128, 64, 4, 2),
+         ("dq", 128, 128, 4, 2), ("one_pass", 64, 128, 4, 2), ("one_pass", 64, 128, 8, 2)]
+
+
+@triton.jit
+def dkdv_loop(Q, K, V, DO, LSE2, Delta, DK, DV, DQ, N, qk_scale, sm_scale,
+              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+              ONE_PASS: tl.constexpr):
+    # one (batch, head) per program_id(1), rows of every head stacked: (B·H·N, D)
+    start_n = tl.program_id(0) * BLOCK_N
+    rows = tl.num_programs(1) * N
+    row0 = tl.program_id(1) * N
+    q_desc = tl.make_tensor_descriptor(Q, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    do_desc = tl.make_tensor_descriptor(DO, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    k_desc = tl.make_tensor_descriptor(K, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    v_desc = tl.make_tensor_descriptor(V, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    lse_desc = tl.make_tensor_descriptor(LSE2, shape=[rows], strides=[1], block_shape=[BLOCK_M])
+    delta_desc = tl.make_tensor_descriptor(Delta, shape=[rows], strides=[1], block_shape=[BLOCK_M])
+    dq_desc = tl.make_tensor_descriptor(DQ, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    k = k_desc.load([row0 + start_n, 0])
+    v = v_desc.load([row0 + start_n, 0])
+    dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
+    for start_m in tl.range(0, N, BLOCK_M, warp_specialize=True, num_stages=STAGES):
+        q = q_desc.load([row0 + start_m, 0])
+        do = do_desc.load([row0 + start_m, 0])
+        lse2 = lse_desc.load([row0 + start_m])
+        Di = delta_desc.load([row0 + start_m])
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        dv += tl.dot(pT.to(tl.bfloat16), do)
+        dsT = pT * (tl.dot(v, tl.trans(do)) - Di[None, :])
+        dk += tl.dot(dsT.to(tl.bfloat16), q)
+        if ONE_PASS:
+            dq_desc.atomic_add([row0 + start_m, 0], tl.dot(tl.trans(dsT.to(tl.bfloat16)), k))
+    dk_desc = tl.make_tensor_descriptor(DK, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    dv_desc = tl.make_tensor_descriptor(DV, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    dk_desc.store([row0 + start_n, 0], (dk * sm_scale).to(tl.bfloat16))
+    dv_desc.store([row0 + start_n, 0], dv.to(tl.bfloat16))
+
+
+@triton.jit
+def dq_loop(Q, K, V, DO, LSE2, Delta, DQ, N, qk_scale, sm_scale,
+            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr):
+    rows = tl.num_programs(1) * N
+    row0 = tl.program_id(1) * N
+    m0 = row0 + tl.program_id(0) * BLOCK_M
+    q_desc = tl.make_tensor_descriptor(Q, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    do_desc = tl.make_tensor_descriptor(DO, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    k_desc = tl.make_tensor_descriptor(K, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    v_desc = tl.make_tensor_descriptor(V, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    q = q_desc.load([m0, 0])
+    do = do_desc.load([m0, 0])
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    lse2 = tl.load(LSE2 + offs_m)
+    Di = tl.load(Delta + offs_m)
+    dq = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    for start_n in tl.range(0, N, BLOCK_N, warp_specialize=True, num_stages=STAGES):
+        k = k_desc.load([row0 + start_n, 0])
+        v = v_desc.load([row0 + start_n, 0])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        ds = p * (tl.dot(do, tl.trans(v)) - Di[:, None])
+        dq += tl.dot(ds.to(tl.bfloat16), k)
+    dq_desc = tl.make_tensor_descriptor(DQ, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    dq_desc.store([m0, 0], (dq * sm_scale).to(tl.bfloat16))
+
+
+def compile_loop(loop: str, block_m: int, block_n: int, warps: int, stages: int):
+    """The loop compiled for sm_90 (``triton.compile``'s CompiledKernel); raises what the compiler raises."""
+    fn = dq_loop if loop == "dq" else dkdv_loop
+    signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE2": "*fp32", "Delta": "*fp32"}
+    signature.update({"DQ": "*bf16"} if loop == "dq" else {"DK": "*bf16", "DV": "*bf16", "DQ": "*fp32"})
+    signature.update(N="i32", qk_scale="fp32", sm_scale="fp32", D="constexpr", BLOCK_M="constexpr",
+                     BLOCK_N="constexpr", STAGES="constexpr")
+    constexprs = dict(D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
+    if loop != "dq":
+        signature["ONE_PASS"] = "constexpr"
+        constexprs["ONE_PASS"] = loop == "one_pass"
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=HOPPER,
+                          options={"num_warps": warps, "num_stages": stages})
+
+
+def describe(loop: str, block_m: int, block_n: int, warps: int, stages: int) -> dict:
+    row = dict(loop=loop, tile=f"{block_m}x{block_n}/w{warps}/s{stages}")
+    try:
+        kernel = compile_loop(loop, block_m, block_n, warps, stages)
+    except Exception as exc:   # a pass that fails is a result here, not a crash
+        return dict(row, split="compile failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+    ptx = kernel.asm["ptx"]
+    split = "ttg.warp_specialize(" in kernel.asm["ttgir"]
+    return dict(row, split="yes" if split else "no", warps=kernel.metadata.num_warps,
+                setmaxnreg=ptx.count("setmaxnreg."), shared_bytes=kernel.metadata.shared)
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, target sm_90, D = {HEAD_DIM}, bf16")
+    for tile in TILES:
+        print(describe(*tile), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""``scripts/compile_ws_backward.py``: the backward's loops compiled for sm_90, as its decision record states.
+
+The record (``docs/decisions/one-pass-backward.md``) says Triton splits the dK/dV loop into a producer and two
+consumers at 4 warps and leaves it whole at 8.  A Triton release that compiles it otherwise fails here, and
+the record needs its measurement again.  Compiling needs no GPU; the script runs in a process of its own,
+outside the interpreter the CPU world sets.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _describe(*tiles):
+    code = ("import json, sys; sys.path.insert(0, 'scripts'); import compile_ws_backward as c; "
+            f"print(json.dumps([c.describe(*t) for t in {list(tiles)!r}]))")
+    env = dict(os.environ, TRITON_INTERPRET="1")   # what the CPU world sets: the script must undo it
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5),
+                    reason="warp specialization of a tl.range loop needs Triton 3.5 or later")
+def test_the_dkdv_loop_is_split_at_four_warps_and_whole_at_eight():
+    split, whole = _describe(("dkdv", 64, 128, 4, 2), ("dkdv", 64, 128, 8, 2))
+    assert split["split"] == "yes" and split["warps"] == 12 and split["setmaxnreg"] > 0, split
+    assert whole["split"] == "no" and whole["warps"] == 8 and whole["setmaxnreg"] == 0, whole
+    assert 0 < whole["shared_bytes"] < split["shared_bytes"] <= 232448    # what one H100 block may have
