@@ -7,7 +7,10 @@ built in the kernel, one loop with no mask, ``tl.range(..., warp_specialize=True
 
 * ``dkdv``: the K/V-stationary pass, dV += Pᵀ dO and dK += dSᵀ Q (4 products a query block);
 * ``dq``: the Q-stationary pass, dQ += dS K (3 products a key block);
-* ``one_pass``: ``dkdv`` that also adds each query block's dQ into an fp32 buffer by a TMA reduce-add.
+* ``one_pass``: ``dkdv`` that also adds each query block's dQ into an fp32 buffer by a TMA reduce-add;
+* ``dkdv_causal_one_loop``: ``dkdv`` under a causal mask, one loop over the query blocks that see the key
+  block with the mask applied to every tile; ``dkdv_causal_two_loops``: the diagonal blocks masked in a
+  loop of their own, the rest in the warp-specialized loop without a mask.
 
 For each tile it prints whether the compiler split the loop into partitions (``ttg.warp_specialize``
 in the TTGIR), the warps a program then has, the ``setmaxnreg`` instructions in the PTX and the
@@ -31,14 +34,37 @@ HOPPER = GPUTarget("cuda", 90, 32)
 #: (loop, BLOCK_M, BLOCK_N, warps, stages)
 TILES = [("dkdv", 64, 128, 4, 2), ("dkdv", 32, 128, 4, 2), ("dkdv", 64, 64, 4, 2), ("dkdv", 128, 64, 4, 2),
          ("dkdv", 128, 128, 4, 2), ("dkdv", 64, 128, 8, 2), ("dq", 64, 128, 4, 2), ("dq", 128, 64, 4, 2),
-         ("dq", 128, 128, 4, 2), ("one_pass", 64, 128, 4, 2), ("one_pass", 64, 128, 8, 2)]
+         ("dq", 128, 128, 4, 2), ("one_pass", 64, 128, 4, 2), ("one_pass", 64, 128, 8, 2),
+         ("dkdv_causal_one_loop", 64, 128, 4, 2), ("dkdv_causal_two_loops", 64, 128, 4, 2)]
+#: the dK/dV loop under a causal mask: one loop, the mask on every tile; or the diagonal in a loop of its own
+CAUSAL_VARIANTS = {"dkdv_causal_one_loop": 1, "dkdv_causal_two_loops": 2}
+
+
+@triton.jit
+def dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
+              qk_scale, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ONE_PASS: tl.constexpr):
+    q = q_desc.load([row0 + start_m, 0])
+    do = do_desc.load([row0 + start_m, 0])
+    lse2 = lse_desc.load([row0 + start_m])
+    Di = delta_desc.load([row0 + start_m])
+    pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+    if MASKED:   # causal: key j is seen by query i >= j
+        pT = tl.where(offs_n[:, None] <= start_m + tl.arange(0, BLOCK_M)[None, :], pT, 0.0)
+    dv += tl.dot(pT.to(tl.bfloat16), do)
+    dsT = pT * (tl.dot(v, tl.trans(do)) - Di[None, :])
+    dk += tl.dot(dsT.to(tl.bfloat16), q)
+    if ONE_PASS:
+        dq_desc.atomic_add([row0 + start_m, 0], tl.dot(tl.trans(dsT.to(tl.bfloat16)), k))
+    return dk, dv
 
 
 @triton.jit
 def dkdv_loop(Q, K, V, DO, LSE2, Delta, DK, DV, DQ, N, qk_scale, sm_scale,
               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-              ONE_PASS: tl.constexpr):
-    # one (batch, head) per program_id(1), rows of every head stacked: (B·H·N, D)
+              ONE_PASS: tl.constexpr, CAUSAL: tl.constexpr):
+    # one (batch, head) per program_id(1), rows of every head stacked: (B·H·N, D).  CAUSAL: 0 no mask;
+    # 1 one loop over the query blocks that see the key block, the mask on every tile; 2 the diagonal
+    # blocks masked in a loop of their own, then the rest unmasked in the warp-specialized loop
     start_n = tl.program_id(0) * BLOCK_N
     rows = tl.num_programs(1) * N
     row0 = tl.program_id(1) * N
@@ -51,19 +77,20 @@ def dkdv_loop(Q, K, V, DO, LSE2, Delta, DK, DV, DQ, N, qk_scale, sm_scale,
     dq_desc = tl.make_tensor_descriptor(DQ, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
     k = k_desc.load([row0 + start_n, 0])
     v = v_desc.load([row0 + start_n, 0])
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     dk = tl.zeros([BLOCK_N, D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D], dtype=tl.float32)
-    for start_m in tl.range(0, N, BLOCK_M, warp_specialize=True, num_stages=STAGES):
-        q = q_desc.load([row0 + start_m, 0])
-        do = do_desc.load([row0 + start_m, 0])
-        lse2 = lse_desc.load([row0 + start_m])
-        Di = delta_desc.load([row0 + start_m])
-        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
-        dv += tl.dot(pT.to(tl.bfloat16), do)
-        dsT = pT * (tl.dot(v, tl.trans(do)) - Di[None, :])
-        dk += tl.dot(dsT.to(tl.bfloat16), q)
-        if ONE_PASS:
-            dq_desc.atomic_add([row0 + start_m, 0], tl.dot(tl.trans(dsT.to(tl.bfloat16)), k))
+    lo = 0
+    if CAUSAL == 1:
+        lo = start_n
+    if CAUSAL == 2:
+        for start_m in range(start_n, start_n + BLOCK_N, BLOCK_M):
+            dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
+                               qk_scale, BLOCK_M=BLOCK_M, MASKED=True, ONE_PASS=ONE_PASS)
+        lo = start_n + BLOCK_N
+    for start_m in tl.range(lo, N, BLOCK_M, warp_specialize=True, num_stages=STAGES):
+        dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
+                           qk_scale, BLOCK_M=BLOCK_M, MASKED=CAUSAL == 1, ONE_PASS=ONE_PASS)
     dk_desc = tl.make_tensor_descriptor(DK, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
     dv_desc = tl.make_tensor_descriptor(DV, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
     dk_desc.store([row0 + start_n, 0], (dk * sm_scale).to(tl.bfloat16))
@@ -105,8 +132,8 @@ def compile_loop(loop: str, block_m: int, block_n: int, warps: int, stages: int)
                      BLOCK_N="constexpr", STAGES="constexpr")
     constexprs = dict(D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
     if loop != "dq":
-        signature["ONE_PASS"] = "constexpr"
-        constexprs["ONE_PASS"] = loop == "one_pass"
+        signature.update(ONE_PASS="constexpr", CAUSAL="constexpr")
+        constexprs.update(ONE_PASS=loop == "one_pass", CAUSAL=CAUSAL_VARIANTS.get(loop, 0))
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=HOPPER,
                           options={"num_warps": warps, "num_stages": stages})
 

@@ -1,7 +1,8 @@
 """``scripts/compile_ws_backward.py``: the backward's loops compiled for sm_90, as its decision record states.
 
 The record (``docs/decisions/one-pass-backward.md``) says Triton splits the dK/dV loop into a producer and two
-consumers at 4 warps and leaves it whole at 8.  A Triton release that compiles it otherwise fails here, and
+consumers at 4 warps and leaves it whole at 8, and that under a causal mask it splits one masked loop but
+fails on a masked loop followed by the split one.  A Triton release that compiles it otherwise fails here, and
 the record needs its measurement again.  Compiling needs no GPU; the script runs in a process of its own,
 outside the interpreter the CPU world sets.
 """
@@ -34,3 +35,11 @@ def test_the_dkdv_loop_is_split_at_four_warps_and_whole_at_eight():
     assert split["split"] == "yes" and split["warps"] == 12 and split["setmaxnreg"] > 0, split
     assert whole["split"] == "no" and whole["warps"] == 8 and whole["setmaxnreg"] == 0, whole
     assert 0 < whole["shared_bytes"] < split["shared_bytes"] <= 232448    # what one H100 block may have
+
+
+@pytest.mark.skipif(tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5),
+                    reason="warp specialization of a tl.range loop needs Triton 3.5 or later")
+def test_under_a_causal_mask_only_one_loop_is_split():
+    one, two = _describe(("dkdv_causal_one_loop", 64, 128, 4, 2), ("dkdv_causal_two_loops", 64, 128, 4, 2))
+    assert one["split"] == "yes" and one["warps"] == 12, one
+    assert two["split"] == "compile failed", two
