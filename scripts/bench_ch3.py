@@ -36,6 +36,7 @@ for _module in list(registry.IMPLEMENTATION_MODULES):
 import torch  # noqa: E402
 
 from fa_lab.kernels.numba import tiled as nt  # noqa: E402
+from fa_lab.kernels.numba.tile_config import SMALL_SHARED_CONFIGS  # noqa: E402
 from fa_lab.bench import benchmark, time_fn, to_frame  # noqa: E402
 
 SHAPES = [(4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
@@ -112,16 +113,14 @@ def check() -> list[dict]:
 
 
 TC = nt.TileConfig
-TUNE_CONFIGS = {   # the first of each is the default (numba_tiled.config_for)
-    16: [TC(64, 64, 16, 4, 16, max_registers=168), TC(64, 64, 16, 4, 16, max_registers=128),
-         TC(64, 32, 16, 4, 16, max_registers=128)],
-    32: [TC(64, 64, 16, 8, 32, max_registers=128), TC(64, 64, 16, 8, 32, max_registers=168),
-         TC(64, 32, 16, 8, 32, max_registers=104)],
-    64: [TC(64, 64, 16, 8, 64, max_registers=168), TC(64, 64, 16, 8, 64, max_registers=160),
+TUNE_CONFIGS = {   # the first of each is the default (numba_tiled.GPU_CONFIGS)
+    16: [nt.GPU_CONFIGS[16], TC(64, 64, 16, 4, 16, max_registers=128), TC(64, 32, 16, 4, 16, max_registers=128)],
+    32: [nt.GPU_CONFIGS[32], TC(64, 64, 16, 8, 32, max_registers=168), TC(64, 32, 16, 8, 32, max_registers=104)],
+    64: [nt.GPU_CONFIGS[64], TC(64, 64, 16, 8, 64, max_registers=160),
          TC(64, 64, 16, 8, 64), TC(64, 64, 16, 8, 64, max_registers=128),
-         TC(64, 32, 16, 8, 64, max_registers=128), TC(64, 32, 16, 8, 64, max_registers=104),
+         SMALL_SHARED_CONFIGS[64], TC(64, 32, 16, 8, 64, max_registers=104),
          TC(128, 64, 32, 8, 64, max_registers=128), TC(64, 64, 16, 8, 64, share_kv=True, max_registers=128)],
-    128: [TC(64, 16, 16, 4, 128, True),
+    128: [nt.GPU_CONFIGS[128],
           TC(64, 32, 16, 8, 128, True, 168), TC(64, 16, 16, 4, 128), TC(32, 32, 8, 8, 128, True)],
 }
 

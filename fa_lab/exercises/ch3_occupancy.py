@@ -18,6 +18,7 @@ import torch
 import fa_lab.exercises.ch3_kernels  # noqa: F401  (the chapter's kernels register first: names() keeps the book's order)
 from fa_lab.exercises.registry import Case, Exercise, Mistake, register_exercise
 # the kernel's own limits: what a block gets without opting in, and the most it can opt in to
+from fa_lab.kernels.numba.tile_config import GPU_CONFIGS, SMALL_SHARED_CONFIGS
 from fa_lab.kernels.numba.tile_config import SHARED_LIMIT as MAX_SHARED
 from fa_lab.kernels.numba.tile_config import STATIC_SHARED_LIMIT as DEFAULT_SHARED
 from fa_lab.perf.devices import get_device
@@ -54,12 +55,18 @@ def _limits(threads, registers, shared):
 
 # --------------------------------------------------------------------------- cases
 
+def _shipped(cfg, all_static=False):
+    """threads, registers (255: no cap), static and dynamic bytes of a numba_tiled shape."""
+    dynamic = 0 if all_static else cfg.dynamic_bytes()
+    return cfg.threads, cfg.max_registers or 255, cfg.shared_bytes() - dynamic, dynamic
+
+
 def _cases(seed):
     g = torch.Generator().manual_seed(seed)
     specs = [  # threads, registers, static, dynamic, note
-        (128, 168, 37120, 33792, "numba_tiled at D = 64 on an H100: 64-key tiles, K/V dynamic"),
-        (128, 128, 45824, 0, "the same kernel with 32-key tiles, all static"),
-        (64, 255, 40192, 8448, "numba_tiled at D = 128: 64 threads of 255 registers, 47.5 KiB"),
+        (*_shipped(GPU_CONFIGS[64]), "numba_tiled at D = 64 on an H100: 64-key tiles, K/V dynamic"),
+        (*_shipped(SMALL_SHARED_CONFIGS[64], all_static=True), "the same kernel with 32-key tiles, all static"),
+        (*_shipped(GPU_CONFIGS[128]), "numba_tiled at D = 128: 64 threads of 255 registers, 47.5 KiB"),
         (128, 64, 40 * KIB, 17 * KIB, "57 KiB: the 1 KiB each block keeps decides the count"),
         (256, 32, 48 * KIB, 0, "exactly 48 KiB: no opt-in needed"),
         (256, 32, 8 * KIB, 40 * KIB + 4, "4 bytes over 48 KiB, most of it dynamic"),
