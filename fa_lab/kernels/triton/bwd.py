@@ -26,7 +26,9 @@ import triton
 import triton.language as tl
 
 from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.triton import bwd_ws
 from fa_lab.kernels.triton.key_ranges import visible_range
+from fa_lab.kernels.triton.launch import descriptor_scratch
 
 LOG2E = 1.4426950408889634   # exp(x) = exp2(x · log2 e): exp2 is the fast instruction
 
@@ -364,21 +366,37 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
     scalars = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E, max(spec.left, 0), max(spec.right, 0))
     consts = dict(HEAD_DIM=D, HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0, BLOCK_D=BD, PRECISION=precision)
 
-    def launch(kernel, grid, args, cfg, warmup):
-        bm, bn, warps, stages = cfg
-        kw = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts)
+    def launch(kernel, grid, args, cfg, warmup, **kw):
+        bm, bn, warps, stages = cfg[:4]
+        kw.update(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        if ON_GPU and "WARP_SPECIALIZE" in kw:
+            triton.set_allocator(descriptor_scratch)   # the kernel builds tensor descriptors
         if warmup:
             kernel.warmup(*args, grid=grid, **kw)
         else:
             kernel[grid](*args, **kw)
 
+    # a config's fifth entry, when true, asks for the warp-specialized kernel (bwd_ws), which only takes
+    # problems whose tiles are whole and unmasked; the others run the kernels above
+    ws_args = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E)
+    ws_consts = dict(HEAD_DIM=D, PRECISION=precision, WARP_SPECIALIZE=ON_GPU)
+
+    def warp_specialized(cfg):
+        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, cfg, (q, k, v, do))
+
     def dkdv_launch(cfg, warmup=False):
-        launch(bwd_dkdv, (triton.cdiv(Nk, cfg[1]), B * Hkv),
-               (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup)
+        grid = (triton.cdiv(Nk, cfg[1]), B * Hkv)
+        if warp_specialized(cfg):
+            launch(bwd_ws.bwd_dkdv_ws, grid, (*common, dk, dv, *ws_args), cfg, warmup, **ws_consts)
+        else:
+            launch(bwd_dkdv, grid, (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup, **consts)
 
     def dq_launch(cfg, warmup=False):
-        launch(bwd_dq, (triton.cdiv(Nq, cfg[0]), B * H),
-               (*common, dq, *strides, *dq.stride(), *scalars), cfg, warmup)
+        grid = (triton.cdiv(Nq, cfg[0]), B * H)
+        if warp_specialized(cfg):
+            launch(bwd_ws.bwd_dq_ws, grid, (*common, dq, *ws_args), cfg, warmup, **ws_consts)
+        else:
+            launch(bwd_dq, grid, (*common, dq, *strides, *dq.stride(), *scalars), cfg, warmup, **consts)
 
     return preprocess, dkdv_launch, dq_launch, (dq, dk, dv)
 

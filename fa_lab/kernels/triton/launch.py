@@ -138,7 +138,7 @@ def prepare_inputs(q, k, v, spec):
     return prep(q), prep(k), prep(v), scale, work
 
 
-def _scratch(size: int, alignment: int, stream):
+def descriptor_scratch(size: int, alignment: int, stream):
     """Global memory for the tensor descriptors the kernel builds (128 bytes each, per program)."""
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
@@ -172,7 +172,7 @@ def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "
         else:
             tensors = (q_, k_, v_, k_, v_)  # the kernel builds its descriptors (edge tiles too)
             if ON_GPU:
-                triton.set_allocator(_scratch)  # a context variable: set it where the launch happens
+                triton.set_allocator(descriptor_scratch)  # a context variable: set it where the launch happens
         warps, stages = cfg["num_warps"], cfg["num_stages"]
         if warmup:
             return attn_fwd.warmup(*tensors, *rest, **meta, num_warps=warps, num_stages=stages, grid=grid)

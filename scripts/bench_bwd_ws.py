@@ -1,0 +1,117 @@
+"""The warp-specialized backward passes (``fa_lab.kernels.triton.bwd_ws``) against the shipped ones and cuDNN.
+
+    python scripts/bench_bwd_ws.py [--out DIR] [--rounds 6]
+
+For each unmasked bf16 row of the chapter-5 table: every candidate tile of each pass timed alone
+(``tuner.tune_backward``: the shipped tile first), each warp-specialized tile's gradients against the
+shipped kernels' (max |difference|), then the whole backward with the fastest tiles against the shipped
+backward and cuDNN's (SDPA, ``torch.autograd.grad`` of its output) in interleaved rounds.  A small GQA
+problem is checked against the float64 reference first.  Writes ``bwd_ws.json`` into DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fa_lab  # noqa: E402  (first: picks the world)
+import torch  # noqa: E402
+
+from fa_lab.bench import time_interleaved  # noqa: E402
+from fa_lab.bench.peers import raw_call  # noqa: E402
+from fa_lab.core.testing import random_qkv  # noqa: E402
+from fa_lab.kernels.triton import bwd, tuner  # noqa: E402
+
+ROWS = [(4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (16, 16, 16, 1024, 128), (4, 32, 32, 4096, 64),
+        (4, 32, 8, 4096, 128)]
+#: (BLOCK_M, BLOCK_N, warps, stages, warp-specialized): the tiles Triton 3.6 splits and that fit
+WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 128, 4, 2, True)],
+                      dq=[(64, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 128, 4, 2, True)]),
+            64: dict(dkdv=[(64, 128, 4, 2, True), (128, 128, 4, 2, True), (128, 64, 4, 2, True)],
+                     dq=[(128, 64, 4, 2, True), (128, 128, 4, 2, True), (64, 128, 4, 2, True)])}
+
+
+def reference_check() -> dict:
+    """A small GQA problem, bf16, against the float64 gradients."""
+    B, H, Hkv, N, D = 1, 4, 2, 512, 128
+    q, k, v = random_qkv(B, H, N, N, D, kv_heads=Hkv, dtype=torch.bfloat16, seed=11)
+    spec = fa_lab.make_spec(q, k, v)
+    o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True)
+    do = torch.randn_like(o)
+    x64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(x64[0], x64[1].repeat_interleave(H // Hkv, 1),
+                                                           x64[2].repeat_interleave(H // Hkv, 1))
+    ref.backward(do.double())
+    out = {}
+    for name, cfg in (("shipped", None), ("ws", (WS_TILES[D]["dkdv"][0], WS_TILES[D]["dq"][0]))):
+        grads = bwd.triton_backward(q, k, v, o, lse, do, spec, config=cfg)
+        out[name] = [float((g.double() - x.grad).abs().max()) for g, x in zip(grads, x64)]
+    return out
+
+
+def row(B, H, Hkv, N, D, rounds) -> dict:
+    q, k, v = random_qkv(B, H, N, N, D, kv_heads=Hkv, dtype=torch.bfloat16, seed=N + D)
+    spec = fa_lab.make_spec(q, k, v)
+    o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True)
+    do = torch.randn_like(o)
+    shipped = bwd.configs(spec, torch.bfloat16)
+    cands = dict(dkdv=[shipped[0], *WS_TILES[D]["dkdv"]], dq=[shipped[1], *WS_TILES[D]["dq"]])
+    t0 = time.time()
+    tiles = tuner.tune_backward(q, k, v, o, lse, do, spec, cands)
+    base = bwd.triton_backward(q, k, v, o, lse, do, spec)
+    for rec in tiles:
+        if rec["status"] != "ok" or len(rec["config"]) < 5:
+            continue
+        cfg = tuple(rec["config"])
+        pair = (cfg, shipped[1]) if rec["kernel"] == "dkdv" else (shipped[0], cfg)
+        grads = bwd.triton_backward(q, k, v, o, lse, do, spec, config=pair)
+        rec["max_diff_vs_shipped"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(grads, base)]
+
+    def best(kernel):
+        ok = [r for r in tiles if r["kernel"] == kernel and r["status"] == "ok"
+              and max(r.get("max_diff_vs_shipped", [0.0])) < 0.05]
+        return tuple(min(ok, key=lambda r: r["ms"])["config"])
+
+    chosen = (best("dkdv"), best("dq"))
+    qc, kc, vc = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    oc = raw_call("sdpa-cudnn")(qc, kc, vc, False)
+    fns = {"shipped": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec),
+           "chosen": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec, config=chosen),
+           "cudnn": lambda: torch.autograd.grad(oc, (qc, kc, vc), do, retain_graph=True)}
+    timed = time_interleaved(fns, rounds=rounds)
+    flops = 2.5 * fa_lab.attention_flops(B, H, N, N, D)     # a backward counts 2.5 forwards
+    whole = {name: dict(ms=t["ms"], ms_p10=t["ms_p10"], ms_p90=t["ms_p90"], tflops=flops / t["ms"] / 1e9)
+             for name, t in timed.items()}
+    print(f"({B},{H},{Hkv},{N},{D}) chosen {chosen}: " + ", ".join(f"{n} {w['tflops']:.0f}" for n, w in whole.items())
+          + f" TFLOP/s ({time.time() - t0:.0f} s)", flush=True)
+    return dict(shape=[B, H, Hkv, N, D], shipped=[list(c) for c in shipped], chosen=[list(c) for c in chosen],
+                tiles=tiles, backward=whole)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=".", help="directory for bwd_ws.json")
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    out = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
+               date=time.strftime("%Y-%m-%dT%H:%M:%S"), command="python scripts/bench_bwd_ws.py")
+    out["reference"] = reference_check()
+    print("float64 check, max |error| (dq, dk, dv):", out["reference"], flush=True)
+    out["rows"] = []
+    for shape in ROWS:
+        try:
+            out["rows"].append(row(*shape, args.rounds))
+        except Exception as exc:
+            out["rows"].append(dict(shape=list(shape), status=f"error: {type(exc).__name__}: {str(exc)[:300]}"))
+            print(shape, out["rows"][-1]["status"], flush=True)
+        path = Path(args.out) / "bwd_ws.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""The warp-specialized backward passes (``fa_lab.kernels.triton.bwd_ws``) against the float64 reference.
+
+In the CPU world the interpreter runs them (it has no warp specialization: the same loops, one program at a
+time), which checks their descriptors, rows and GQA indexing; on a GPU the same tests run the split kernels.
+A config's fifth entry asks for them; problems they do not cover (a mask, a tile left over) must fall back
+to the shipped kernels and stay right.
+"""
+import pytest
+import torch
+from test_backward import assert_grads_close, reference_grads
+
+import fa_lab
+from fa_lab.core.testing import random_qkv
+from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.triton import bwd, bwd_ws
+
+WS_TILE = (64, 128, 4, 2, True) if ON_GPU else (16, 16, 4, 1, True)
+DTYPE = torch.bfloat16 if ON_GPU else torch.float32
+
+
+def _backward(q, k, v, mask, seed, tiles):
+    """(dq, dk, dv) of ``reference_grads``' loss (the same dO and dlse draws), through the Triton backward."""
+    o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True, **mask)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    g = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=g).to(o.device, o.dtype)
+    dlse = torch.randn(lse.shape, generator=g).to(o.device)
+    return bwd.triton_backward(q, k, v, o, lse, do, spec,
+                               dlse=torch.where(torch.isinf(lse), 0, dlse), config=tiles)
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 2, 64, 128, 16), (1, 3, 1, 128, 64, 32), (1, 2, 2, 128, 128, 64)],
+                         ids=["gqa2", "gqa3-nq>nk", "mha-d64"])
+def test_warp_specialized_passes_match_reference(shape):
+    B, H, Hkv, Nq, Nk, D = shape
+    scale = 4 if ON_GPU else 1      # whole 64 x 128 tiles on a GPU
+    q, k, v = random_qkv(B, H, Nq * scale, Nk * scale, D, kv_heads=Hkv, dtype=DTYPE, seed=Nq + D)
+    spec = fa_lab.make_spec(q, k, v)
+    assert bwd_ws.eligible(spec, WS_TILE, WS_TILE, (q, k, v))
+    got = _backward(q, k, v, {}, 7, (WS_TILE, WS_TILE))
+    assert_grads_close(got, reference_grads(q, k, v, {}, 7), DTYPE, f"bwd_ws {shape}")
+
+
+def test_warp_specialized_gradients_are_bit_identical_run_to_run():
+    q, k, v = random_qkv(1, 4, 128 if ON_GPU else 32, 128 if ON_GPU else 32, 64, kv_heads=2, dtype=DTYPE, seed=3)
+    first, second = (_backward(q, k, v, {}, 5, (WS_TILE, WS_TILE)) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("mask,n", [(dict(causal=True), 64), (dict(window=(8, 8)), 64), ({}, 72)],
+                         ids=["causal", "window", "tail"])
+def test_problems_they_do_not_cover_fall_back_and_stay_right(mask, n):
+    q, k, v = random_qkv(1, 2, n, n, 16, kv_heads=1, dtype=DTYPE, seed=n)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    assert not bwd_ws.eligible(spec, WS_TILE, WS_TILE, (q, k, v))
+    got = _backward(q, k, v, mask, 9, (WS_TILE, WS_TILE))
+    assert_grads_close(got, reference_grads(q, k, v, mask, 9), DTYPE, f"fallback {mask} n={n}")
+
+
+def test_eligibility_names_what_the_kernels_need():
+    q, k, v = random_qkv(1, 2, 64, 64, 16, seed=0)
+    whole = (16, 16, 4, 1, True)
+    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v), whole, whole, (q, k, v))
+    assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v, causal=True), whole, whole, (q, k, v))
+    assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v), (48, 16, 4, 1, True), whole, (q, k, v))   # 64 % 48
+    qt = q.transpose(2, 3).contiguous().transpose(2, 3)                                             # not row-major
+    assert not bwd_ws.eligible(fa_lab.make_spec(qt, k, v), whole, whole, (qt, k, v))
+    q24, k24, v24 = random_qkv(1, 2, 64, 64, 24, seed=0)                                            # D padded to 32
+    assert not bwd_ws.eligible(fa_lab.make_spec(q24, k24, v24), whole, whole, (q24, k24, v24))
