@@ -2,7 +2,7 @@
 
     python scripts/bench_bwd_ws.py [--out DIR] [--rounds 6]
 
-For each unmasked bf16 row of the chapter-5 table: every candidate tile of each pass timed alone
+For each bf16 row of the chapter-5 table: every candidate tile of each pass timed alone
 (``tuner.tune_backward``: the shipped tile first), each warp-specialized tile's gradients against the
 shipped kernels' (max |difference|), then the whole backward with the fastest tiles against the shipped
 backward and cuDNN's (SDPA, ``torch.autograd.grad`` of its output) in interleaved rounds.  A small GQA
@@ -26,8 +26,9 @@ from fa_lab.bench.peers import raw_call  # noqa: E402
 from fa_lab.core.testing import random_qkv  # noqa: E402
 from fa_lab.kernels.triton import bwd, tuner  # noqa: E402
 
-ROWS = [(4, 16, 16, 4096, 128), (1, 16, 16, 16384, 128), (16, 16, 16, 1024, 128), (4, 32, 32, 4096, 64),
-        (4, 32, 8, 4096, 128)]
+#: (B, H, Hkv, N, D, causal): chapter 5's table (the rows of the fwd+bwd comparison with cuDNN)
+ROWS = [(4, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (4, 16, 16, 4096, 128, True),
+        (4, 32, 32, 4096, 64, True), (4, 32, 8, 4096, 128, True), (16, 16, 16, 1024, 128, False)]
 #: (BLOCK_M, BLOCK_N, warps, stages, warp-specialized): the tiles Triton 3.6 splits and that fit
 WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 128, 4, 2, True)],
                       dq=[(64, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 128, 4, 2, True)]),
@@ -53,10 +54,10 @@ def reference_check() -> dict:
     return out
 
 
-def row(B, H, Hkv, N, D, rounds) -> dict:
+def row(B, H, Hkv, N, D, causal, rounds) -> dict:
     q, k, v = random_qkv(B, H, N, N, D, kv_heads=Hkv, dtype=torch.bfloat16, seed=N + D)
-    spec = fa_lab.make_spec(q, k, v)
-    o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True)
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True, causal=causal)
     do = torch.randn_like(o)
     shipped = bwd.configs(spec, torch.bfloat16)
     cands = dict(dkdv=[shipped[0], *WS_TILES[D]["dkdv"]], dq=[shipped[1], *WS_TILES[D]["dq"]])
@@ -78,18 +79,19 @@ def row(B, H, Hkv, N, D, rounds) -> dict:
 
     chosen = (best("dkdv"), best("dq"))
     qc, kc, vc = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    oc = raw_call("sdpa-cudnn")(qc, kc, vc, False)
+    oc = raw_call("sdpa-cudnn")(qc, kc, vc, causal)
     fns = {"shipped": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec),
            "chosen": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec, config=chosen),
            "cudnn": lambda: torch.autograd.grad(oc, (qc, kc, vc), do, retain_graph=True)}
     timed = time_interleaved(fns, rounds=rounds)
-    flops = 2.5 * fa_lab.attention_flops(B, H, N, N, D)     # a backward counts 2.5 forwards
+    flops = 2.5 * fa_lab.attention_flops(B, H, N, N, D, causal=causal)     # a backward counts 2.5 forwards
     whole = {name: dict(ms=t["ms"], ms_p10=t["ms_p10"], ms_p90=t["ms_p90"], tflops=flops / t["ms"] / 1e9)
              for name, t in timed.items()}
-    print(f"({B},{H},{Hkv},{N},{D}) chosen {chosen}: " + ", ".join(f"{n} {w['tflops']:.0f}" for n, w in whole.items())
-          + f" TFLOP/s ({time.time() - t0:.0f} s)", flush=True)
-    return dict(shape=[B, H, Hkv, N, D], shipped=[list(c) for c in shipped], chosen=[list(c) for c in chosen],
-                tiles=tiles, backward=whole)
+    rates = ", ".join(f"{n} {w['tflops']:.0f}" for n, w in whole.items())
+    print(f"({B},{H},{Hkv},{N},{D}{', causal' if causal else ''}) chosen {chosen}: {rates} TFLOP/s "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    return dict(shape=[B, H, Hkv, N, D], causal=causal, shipped=[list(c) for c in shipped],
+                chosen=[list(c) for c in chosen], tiles=tiles, backward=whole)
 
 
 def main() -> None:

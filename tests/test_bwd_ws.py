@@ -47,21 +47,35 @@ def test_warp_specialized_gradients_are_bit_identical_run_to_run():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-@pytest.mark.parametrize("mask,n", [(dict(causal=True), 64), (dict(window=(8, 8)), 64), ({}, 72)],
-                         ids=["causal", "window", "tail"])
-def test_problems_they_do_not_cover_fall_back_and_stay_right(mask, n):
-    q, k, v = random_qkv(1, 2, n, n, 16, kv_heads=1, dtype=DTYPE, seed=n)
-    spec = fa_lab.make_spec(q, k, v, **mask)
-    assert not bwd_ws.eligible(spec, WS_TILE, WS_TILE, (q, k, v))
+@pytest.mark.parametrize("mask", [dict(causal=True), dict(window=(8, 4)), dict(window=(-1, 0)), dict(window=(5, -1))],
+                         ids=["causal", "window", "causal-as-window", "left-only"])
+@pytest.mark.parametrize("shape", [(1, 2, 1, 64, 64, 16), (1, 2, 2, 64, 32, 32), (2, 4, 2, 32, 64, 16)],
+                         ids=["gqa", "nq>nk", "nq<nk"])
+def test_warp_specialized_passes_under_masks(mask, shape):
+    B, H, Hkv, Nq, Nk, D = shape
+    scale = 4 if ON_GPU else 1
+    q, k, v = random_qkv(B, H, Nq * scale, Nk * scale, D, kv_heads=Hkv, dtype=DTYPE, seed=Nq + Nk)
+    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v, **mask), WS_TILE, WS_TILE, (q, k, v))
     got = _backward(q, k, v, mask, 9, (WS_TILE, WS_TILE))
-    assert_grads_close(got, reference_grads(q, k, v, mask, 9), DTYPE, f"fallback {mask} n={n}")
+    assert_grads_close(got, reference_grads(q, k, v, mask, 9), DTYPE, f"bwd_ws {mask} {shape}")
+
+
+@pytest.mark.parametrize("n", [72, 40], ids=["tail", "short"])
+def test_problems_they_do_not_cover_fall_back_and_stay_right(n):
+    q, k, v = random_qkv(1, 2, n, n, 16, kv_heads=1, dtype=DTYPE, seed=n)
+    mask = dict(causal=True)
+    spec = fa_lab.make_spec(q, k, v, **mask)
+    tile = (64, 128, 4, 2, True)
+    assert not bwd_ws.eligible(spec, tile, tile, (q, k, v))
+    got = _backward(q, k, v, mask, 9, (tile, tile))
+    assert_grads_close(got, reference_grads(q, k, v, mask, 9), DTYPE, f"fallback n={n}")
 
 
 def test_eligibility_names_what_the_kernels_need():
     q, k, v = random_qkv(1, 2, 64, 64, 16, seed=0)
     whole = (16, 16, 4, 1, True)
     assert bwd_ws.eligible(fa_lab.make_spec(q, k, v), whole, whole, (q, k, v))
-    assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v, causal=True), whole, whole, (q, k, v))
+    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v, causal=True), whole, whole, (q, k, v))
     assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v), (48, 16, 4, 1, True), whole, (q, k, v))   # 64 % 48
     qt = q.transpose(2, 3).contiguous().transpose(2, 3)                                             # not row-major
     assert not bwd_ws.eligible(fa_lab.make_spec(qt, k, v), whole, whole, (qt, k, v))

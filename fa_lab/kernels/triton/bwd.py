@@ -377,9 +377,10 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
             kernel[grid](*args, **kw)
 
     # a config's fifth entry, when true, asks for the warp-specialized kernel (bwd_ws), which only takes
-    # problems whose tiles are whole and unmasked; the others run the kernels above
-    ws_args = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E)
-    ws_consts = dict(HEAD_DIM=D, PRECISION=precision, WARP_SPECIALIZE=ON_GPU)
+    # problems whose tiles are whole; the others run the kernels above
+    ws_args = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E, max(spec.left, 0), max(spec.right, 0))
+    ws_consts = dict(HEAD_DIM=D, HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0, PRECISION=precision,
+                     WARP_SPECIALIZE=ON_GPU)
 
     def warp_specialized(cfg):
         return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, cfg, (q, k, v, do))

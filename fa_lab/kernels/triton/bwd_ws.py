@@ -8,20 +8,24 @@ loop is one loop with no mask.  Under ``tl.range(..., warp_specialize=True)`` Tr
 each take half of the tile, with more registers each (``setmaxnreg``): FlashAttention-3's structure
 (``docs/decisions/one-pass-backward.md``).
 
-Only problems where every tile is whole and every row sees every key take this path
-(``eligible``): no causal mask or window, sequence lengths multiples of the tiles, head dim equal to
-its padded width.  The rows of a GQA group's query heads are consecutive in memory, so the dK/dV
-loop walks them as one range of rows.
+Only problems whose tiles are whole take this path (``eligible``): sequence lengths multiples of the
+tiles, head dim equal to its padded width.  Under a mask (causal, a window) each loop still walks only
+the tiles some row sees, but applies the mask to every one of them: Triton splits one loop, and a
+second, unmasked loop beside it makes its pass fail.  Without a mask, the rows of a GQA group's query
+heads are consecutive in memory, and the dK/dV loop walks them as one range of rows.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from fa_lab.kernels.triton.key_ranges import visible_range
+
 
 @triton.jit
-def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk_scale,
+def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                 PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     """Grid (key blocks, batch · K/V heads).  Q, DO: (B·H·N_Q, D) rows; K, V, DK, DV: (B·HKV·N_K, D)."""
     bhk = tl.program_id(1)
@@ -32,23 +36,42 @@ def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk
     desc_do = tl.make_tensor_descriptor(DO, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
     desc_lse = tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M])
     desc_delta = tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M])
-    kv_row = bhk * N_K + tl.program_id(0) * BLOCK_N
+    start_n = tl.program_id(0) * BLOCK_N
+    kv_row = bhk * N_K + start_n
     k = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([kv_row, 0])
     v = tl.make_tensor_descriptor(V, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([kv_row, 0])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
     # the group's query heads are heads hk·group ... hk·group + group - 1 of batch b: consecutive rows
     first = bhk * group * N_Q
-    for row in tl.range(first, first + group * N_Q, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
-        q = desc_q.load([row, 0])
-        do = desc_do.load([row, 0])
-        lse2 = desc_lse.load([row])
-        Di = desc_delta.load([row])
-        # Pᵀ (keys as rows), recomputed from the saved lse: the left operand of Pᵀ dO as it is
-        pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse2[None, :])
-        dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
-        dsT = pT * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - Di[None, :])
-        dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+    if HAS_LEFT or HAS_RIGHT:
+        # The query rows that see some key of this block, [lo, hi) (the forward's question with the mask
+        # transposed), in whole query blocks of every head of the group: one flat loop, the mask applied
+        # to every tile.  Warp specialization takes one loop only; a second loop for the unmasked tiles
+        # makes Triton 3.6's pass fail.
+        lo, hi, _, _ = visible_range(start=start_n, n_rows=N_K, n_cols=N_Q, left=WIN_RIGHT, right=WIN_LEFT,
+                                     BLOCK=BLOCK_N, HAS_LEFT=HAS_RIGHT, HAS_RIGHT=HAS_LEFT)
+        lo = lo // BLOCK_M * BLOCK_M
+        n_blocks = tl.maximum(tl.cdiv(hi - lo, BLOCK_M), 0)
+        for it in tl.range(0, group * n_blocks, warp_specialize=WARP_SPECIALIZE):
+            g = it // tl.maximum(n_blocks, 1)   # (the loop does not run when n_blocks is 0)
+            start_m = lo + (it - g * n_blocks) * BLOCK_M
+            row = first + g * N_Q + start_m
+            diag = start_m + tl.arange(0, BLOCK_M) + (N_K - N_Q)     # the key each query row sits at
+            keep = tl.full([BLOCK_N, BLOCK_M], 1, tl.int1)
+            if HAS_LEFT:
+                keep = keep & (offs_n[:, None] >= diag[None, :] - WIN_LEFT)
+            if HAS_RIGHT:
+                keep = keep & (offs_n[:, None] <= diag[None, :] + WIN_RIGHT)
+            dk, dv = dkdv_tile(dk, dv, k, v, desc_q.load([row, 0]), desc_do.load([row, 0]),
+                               desc_lse.load([row]), desc_delta.load([row]), keep, qk_scale,
+                               MASKED=True, PRECISION=PRECISION)
+    else:
+        for row in tl.range(first, first + group * N_Q, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
+            dk, dv = dkdv_tile(dk, dv, k, v, desc_q.load([row, 0]), desc_do.load([row, 0]),
+                               desc_lse.load([row]), desc_delta.load([row]), None, qk_scale,
+                               MASKED=False, PRECISION=PRECISION)
     # through descriptors: under warp specialization the forward's masked pointer stores came out wrong
     tl.make_tensor_descriptor(DK, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
         [kv_row, 0], (dk * sm_scale).to(DK.dtype.element_ty))
@@ -57,14 +80,31 @@ def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk
 
 
 @triton.jit
-def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale,
+def dkdv_tile(dk, dv, k, v, q, do, lse2, Di, keep, qk_scale, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """One query tile against the key block: dV += Pᵀ dO, dK += dSᵀ Q (keys as rows)."""
+    # Pᵀ, recomputed from the saved lse: the left operand of Pᵀ dO as it is
+    pT = tl.math.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse2[None, :])
+    if MASKED:
+        pT = tl.where(keep, pT, 0.0)
+    dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+    dsT = pT * (tl.dot(v, tl.trans(do), input_precision=PRECISION) - Di[None, :])
+    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
               PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Grid (query blocks, batch · heads): dQ += dS K over every key block."""
+    """Grid (query blocks, batch · heads): dQ += dS K over the key blocks the query block sees."""
     bh = tl.program_id(1)
     q_rows = tl.num_programs(1) * N_Q
     kv_rows = tl.num_programs(1) // (H // HKV) * N_K
-    q_row = bh * N_Q + tl.program_id(0) * BLOCK_M
+    start_m = tl.program_id(0) * BLOCK_M
+    if HAS_RIGHT:   # causal-like: the last query blocks see the most keys; start them first
+        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    q_row = bh * N_Q + start_m
     desc_q = tl.make_tensor_descriptor(Q, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
     desc_do = tl.make_tensor_descriptor(DO, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
     desc_k = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
@@ -74,11 +114,24 @@ def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale
     lse2 = tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M]).load([q_row])
     Di = tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M]).load([q_row])
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # the keys some row of the block sees, [lo, hi), in whole key blocks; one loop (see bwd_dkdv_ws)
+    lo, hi, _, _ = visible_range(start=start_m, n_rows=N_Q, n_cols=N_K, left=WIN_LEFT, right=WIN_RIGHT,
+                                 BLOCK=BLOCK_M, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
+    lo = lo // BLOCK_N * BLOCK_N
     first = (bh // H * HKV + bh % H // (H // HKV)) * N_K      # this head's K/V head (GQA), its first row
-    for row in tl.range(first, first + N_K, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    diag = start_m + tl.arange(0, BLOCK_M) + (N_K - N_Q)       # the key each query row sits at
+    for row in tl.range(first + lo, first + hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         k = desc_k.load([row, 0])
         v = desc_v.load([row, 0])
         p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse2[:, None])
+        if HAS_LEFT or HAS_RIGHT:
+            cols = row - first + tl.arange(0, BLOCK_N)
+            keep = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+            if HAS_LEFT:
+                keep = keep & (cols[None, :] >= diag[:, None] - WIN_LEFT)
+            if HAS_RIGHT:
+                keep = keep & (cols[None, :] <= diag[:, None] + WIN_RIGHT)
+            p = tl.where(keep, p, 0.0)
         ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - Di[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     tl.make_tensor_descriptor(DQ, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).store(
@@ -86,11 +139,11 @@ def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale
 
 
 def eligible(spec, dkdv_cfg, dq_cfg, tensors) -> bool:
-    """Whether these tiles cover the problem whole, with no mask: the only problems these kernels take."""
+    """Whether these tiles cover the problem's sequences whole: the only problems these kernels take."""
     tiles_fit = (spec.n_q % dkdv_cfg[0] == 0 and spec.n_k % dkdv_cfg[1] == 0
                  and spec.n_q % dq_cfg[0] == 0 and spec.n_k % dq_cfg[1] == 0)
-    return (spec.left < 0 and spec.right < 0 and tiles_fit and spec.head_dim == triton.next_power_of_2(spec.head_dim)
-            and spec.head_dim >= 16 and all(t.is_contiguous() for t in tensors))
+    return (tiles_fit and spec.head_dim == triton.next_power_of_2(spec.head_dim) and spec.head_dim >= 16
+            and all(t.is_contiguous() for t in tensors))
 
 
 __all__ = ["bwd_dkdv_ws", "bwd_dq_ws", "eligible"]
