@@ -3,9 +3,10 @@
     python scripts/bench_bwd_ws.py [--out DIR] [--rounds 6] [--rows 0,2] [--no-reference]
 
 For each bf16 row of the chapter-5 table: every candidate tile of each pass timed alone
-(``tuner.tune_backward``: the shipped tile first), each warp-specialized tile's gradients against the
-shipped kernels' (max |difference|), then the whole backward with the fastest tiles against the shipped
-backward and cuDNN's (SDPA, ``torch.autograd.grad`` of its output) in interleaved rounds.  A small GQA
+(``tuner.tune_backward``: ``bwd.GPU_CONFIGS``' plain tile first), each warp-specialized tile's gradients
+against the plain kernels' (max |difference|), then the whole backward with the plain tiles, the shipped
+ones (``bwd.configs``), the row's fastest, and cuDNN's (SDPA, ``torch.autograd.grad`` of its output)
+in interleaved rounds.  A small GQA
 problem is checked against the float64 reference first.  Writes ``bwd_ws.json`` into DIR.
 """
 from __future__ import annotations
@@ -20,9 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fa_lab  # noqa: E402  (first: picks the world)
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from fa_lab.bench import time_interleaved  # noqa: E402
-from fa_lab.bench.peers import raw_call  # noqa: E402
+from fa_lab.bench.peers import sdpa_kwargs  # noqa: E402
 from fa_lab.core.testing import random_qkv  # noqa: E402
 from fa_lab.kernels.triton import bwd, tuner  # noqa: E402
 
@@ -30,10 +33,14 @@ from fa_lab.kernels.triton import bwd, tuner  # noqa: E402
 ROWS = [(4, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (4, 16, 16, 4096, 128, True),
         (4, 32, 32, 4096, 64, True), (4, 32, 8, 4096, 128, True), (16, 16, 16, 1024, 128, False)]
 #: (BLOCK_M, BLOCK_N, warps, stages, warp-specialized): the tiles Triton 3.6 splits and that fit
-WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 128, 4, 2, True)],
-                      dq=[(64, 128, 4, 2, True), (128, 64, 4, 2, True), (128, 128, 4, 2, True)]),
-            64: dict(dkdv=[(64, 128, 4, 2, True), (128, 128, 4, 2, True), (128, 64, 4, 2, True)],
-                     dq=[(128, 64, 4, 2, True), (128, 128, 4, 2, True), (64, 128, 4, 2, True)])}
+WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 128, 4, 2, True),
+                           (32, 128, 4, 3, True), (128, 128, 4, 2, True)],
+                      dq=[(128, 64, 4, 2, True), (128, 64, 4, 3, True), (128, 128, 4, 2, True),
+                          (128, 128, 4, 3, True)]),
+            64: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (128, 128, 4, 2, True),
+                          (32, 128, 4, 3, True)],
+                     dq=[(128, 64, 4, 2, True), (128, 64, 4, 3, True), (128, 128, 4, 2, True),
+                         (128, 128, 4, 3, True)])}
 
 
 def reference_check() -> dict:
@@ -48,7 +55,7 @@ def reference_check() -> dict:
                                                            x64[2].repeat_interleave(H // Hkv, 1))
     ref.backward(do.double())
     out = {}
-    for name, cfg in (("shipped", None), ("ws", (WS_TILES[D]["dkdv"][0], WS_TILES[D]["dq"][0]))):
+    for name, cfg in (("plain", bwd.GPU_CONFIGS[(D, 2)]), ("ws", (WS_TILES[D]["dkdv"][0], WS_TILES[D]["dq"][0]))):
         grads = bwd.triton_backward(q, k, v, o, lse, do, spec, config=cfg)
         out[name] = [float((g.double() - x.grad).abs().max()) for g, x in zip(grads, x64)]
     return out
@@ -59,28 +66,31 @@ def row(B, H, Hkv, N, D, causal, rounds) -> dict:
     spec = fa_lab.make_spec(q, k, v, causal=causal)
     o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True, causal=causal)
     do = torch.randn_like(o)
-    shipped = bwd.configs(spec, torch.bfloat16)
-    cands = dict(dkdv=[shipped[0], *WS_TILES[D]["dkdv"]], dq=[shipped[1], *WS_TILES[D]["dq"]])
+    plain = bwd.GPU_CONFIGS[(bwd.block_d(D), 2)]
+    shipped = bwd.configs(spec, torch.bfloat16, (q, k, v, do))
+    cands = dict(dkdv=[plain[0], *WS_TILES[D]["dkdv"]], dq=[plain[1], *WS_TILES[D]["dq"]])
     t0 = time.time()
     tiles = tuner.tune_backward(q, k, v, o, lse, do, spec, cands)
-    base = bwd.triton_backward(q, k, v, o, lse, do, spec)
+    base = bwd.triton_backward(q, k, v, o, lse, do, spec, config=plain)
     for rec in tiles:
         if rec["status"] != "ok" or len(rec["config"]) < 5:
             continue
         cfg = tuple(rec["config"])
-        pair = (cfg, shipped[1]) if rec["kernel"] == "dkdv" else (shipped[0], cfg)
+        pair = (cfg, plain[1]) if rec["kernel"] == "dkdv" else (plain[0], cfg)
         grads = bwd.triton_backward(q, k, v, o, lse, do, spec, config=pair)
-        rec["max_diff_vs_shipped"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(grads, base)]
+        rec["max_diff_vs_plain"] = [float((a.float() - b.float()).abs().max()) for a, b in zip(grads, base)]
 
     def best(kernel):
         ok = [r for r in tiles if r["kernel"] == kernel and r["status"] == "ok"
-              and max(r.get("max_diff_vs_shipped", [0.0])) < 0.05]
+              and max(r.get("max_diff_vs_plain", [0.0])) < 0.05]
         return tuple(min(ok, key=lambda r: r["ms"])["config"])
 
     chosen = (best("dkdv"), best("dq"))
     qc, kc, vc = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    oc = raw_call("sdpa-cudnn")(qc, kc, vc, causal)
-    fns = {"shipped": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec),
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):   # the backward node it records is cuDNN's
+        oc = F.scaled_dot_product_attention(qc, kc, vc, **sdpa_kwargs("sdpa-cudnn", spec))
+    fns = {"plain": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec, config=plain),
+           "shipped": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec),
            "chosen": lambda: bwd.triton_backward(q, k, v, o, lse, do, spec, config=chosen),
            "cudnn": lambda: torch.autograd.grad(oc, (qc, kc, vc), do, retain_graph=True)}
     timed = time_interleaved(fns, rounds=rounds)
@@ -90,8 +100,8 @@ def row(B, H, Hkv, N, D, causal, rounds) -> dict:
     rates = ", ".join(f"{n} {w['tflops']:.0f}" for n, w in whole.items())
     print(f"({B},{H},{Hkv},{N},{D}{', causal' if causal else ''}) chosen {chosen}: {rates} TFLOP/s "
           f"({time.time() - t0:.0f} s)", flush=True)
-    return dict(shape=[B, H, Hkv, N, D], causal=causal, shipped=[list(c) for c in shipped],
-                chosen=[list(c) for c in chosen], tiles=tiles, backward=whole)
+    return dict(shape=[B, H, Hkv, N, D], causal=causal, plain=[list(c) for c in plain],
+                shipped=[list(c) for c in shipped], chosen=[list(c) for c in chosen], tiles=tiles, backward=whole)
 
 
 def main() -> None:

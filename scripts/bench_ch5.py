@@ -131,11 +131,21 @@ def tune_row(row, dtype="float16"):
 
 
 def apply_tuned(records):
-    """Put each head dim's fastest tiles (summed over the tuned rows) into the backward's GPU_CONFIGS."""
+    """Put each head dim's fastest plain tiles (summed over the tuned rows) into the backward's GPU_CONFIGS,
+    and a warp-specialized tile into WS_CONFIGS where it beat the plain one."""
     tune_records = [r for r in records if r.get("section") == "tune"]
-    for D, (dkdv, dq) in tuner.best_backward_tiles(tune_records).items():
-        bwd.GPU_CONFIGS[(bwd.block_d(D), 2)] = (dkdv, dq)
-        print(f"applied D={D}: dkdv {dkdv} dq {dq}", flush=True)
+    split = tuner.best_backward_tiles(tune_records, warp_specialized=True)
+    for D, plain in tuner.best_backward_tiles(tune_records).items():
+        key = (bwd.block_d(D), 2)
+        bwd.GPU_CONFIGS[key] = plain
+
+        def total(tile):
+            return sum(r["ms"] for r in tune_records if r["head_dim"] == D and r.get("status") == "ok"
+                       and tuple(r["config"]) == tuple(tile))
+        ws = tuple(w if w is not None and total(w) < total(p) else None
+                   for w, p in zip(split.get(D, (None, None)), plain))
+        bwd.WS_CONFIGS[key] = ws
+        print(f"applied D={D}: dkdv {plain[0]} dq {plain[1]}, warp-specialized {ws}", flush=True)
 
 
 def fwd_tune(row, dtype):
@@ -169,7 +179,7 @@ def peers_row(i, row, dtype):
         ref_nums = REFERENCE_TABLE.get((i, dtype))
         if ref_nums:
             r["reference"] = dict(zip(("sdpa_flash", "sdpa_cudnn", "tutorial06"), ref_nums))
-    cfgs = bwd.configs(fa_lab.make_spec(q, k, v, causal=row[4]))
+    cfgs = bwd.configs(fa_lab.make_spec(q, k, v, causal=row[4]), tensors=(q, k, v, do))
     for r in recs:
         if r["impl"] == "flash_triton":
             r["bwd_configs"] = [list(c) for c in cfgs]
@@ -308,6 +318,7 @@ def main(argv=None):
         recorded.save(args.name, records, command="python scripts/bench_ch5.py " + " ".join(argv or sys.argv[1:]),
                       directory=args.out, rows=[list(r) for r in ROWS],
                       gpu_configs={f"{k[0]},{k[1]}": v for k, v in bwd.GPU_CONFIGS.items()},
+                      ws_configs={f"{k[0]},{k[1]}": v for k, v in bwd.WS_CONFIGS.items()},
                       seconds=round(time.perf_counter() - t_start, 1))
 
     if "tune" in sections:

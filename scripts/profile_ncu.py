@@ -137,15 +137,19 @@ def build(name: str):
         run = lambda: fa_lab.attention(q, k, v, impl="triton", causal=c["causal"])  # noqa: E731
         return run, info, _picked({"attn_fwd": lambda: launch(cfg, warmup=True)})
     if c["impl"] == "triton_backward":
-        from fa_lab.kernels.triton import bwd
+        from fa_lab.kernels.triton import bwd, bwd_ws
 
         q, k, v = random_qkv(B, H, Nq, Nk, D, kv_heads=Hkv, dtype=dtype, seed=1)
         spec = fa_lab.make_spec(q, k, v, causal=c["causal"])
         o, lse = fa_lab.attention(q, k, v, impl="triton", causal=c["causal"], return_lse=True)
         do = torch.randn_like(o)
-        info["config"] = dict(zip(("bwd_dkdv", "bwd_dq"), bwd.configs(spec, q.dtype)))
+        tiles = bwd.configs(spec, q.dtype, (q, k, v, do))
+        info["config"] = dict(zip(("bwd_dkdv", "bwd_dq"), tiles))
+        # a tile with a fifth entry runs the warp-specialized kernel (bwd_ws), whose name starts the same
+        kernels = [(bwd_ws.bwd_dkdv_ws if len(tiles[0]) > 4 else bwd.bwd_dkdv),
+                   (bwd_ws.bwd_dq_ws if len(tiles[1]) > 4 else bwd.bwd_dq)]
         return (lambda: bwd.triton_backward(q, k, v, o, lse, do, spec)), info, \
-            _new_kernels({"bwd_dkdv": bwd.bwd_dkdv, "bwd_dq": bwd.bwd_dq})
+            _new_kernels(dict(zip(("bwd_dkdv", "bwd_dq"), kernels)))
     if c["impl"] == "numba_tiled":
         from fa_lab.kernels.numba import tiled
 

@@ -36,7 +36,7 @@ def test_warp_specialized_passes_match_reference(shape):
     scale = 4 if ON_GPU else 1      # whole 64 x 128 tiles on a GPU
     q, k, v = random_qkv(B, H, Nq * scale, Nk * scale, D, kv_heads=Hkv, dtype=DTYPE, seed=Nq + D)
     spec = fa_lab.make_spec(q, k, v)
-    assert bwd_ws.eligible(spec, WS_TILE, WS_TILE, (q, k, v))
+    assert bwd_ws.eligible(spec, WS_TILE, (q, k, v))
     got = _backward(q, k, v, {}, 7, (WS_TILE, WS_TILE))
     assert_grads_close(got, reference_grads(q, k, v, {}, 7), DTYPE, f"bwd_ws {shape}")
 
@@ -55,7 +55,7 @@ def test_warp_specialized_passes_under_masks(mask, shape):
     B, H, Hkv, Nq, Nk, D = shape
     scale = 4 if ON_GPU else 1
     q, k, v = random_qkv(B, H, Nq * scale, Nk * scale, D, kv_heads=Hkv, dtype=DTYPE, seed=Nq + Nk)
-    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v, **mask), WS_TILE, WS_TILE, (q, k, v))
+    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v, **mask), WS_TILE, (q, k, v))
     got = _backward(q, k, v, mask, 9, (WS_TILE, WS_TILE))
     assert_grads_close(got, reference_grads(q, k, v, mask, 9), DTYPE, f"bwd_ws {mask} {shape}")
 
@@ -66,7 +66,7 @@ def test_problems_they_do_not_cover_fall_back_and_stay_right(n):
     mask = dict(causal=True)
     spec = fa_lab.make_spec(q, k, v, **mask)
     tile = (64, 128, 4, 2, True)
-    assert not bwd_ws.eligible(spec, tile, tile, (q, k, v))
+    assert not bwd_ws.eligible(spec, tile, (q, k, v))
     got = _backward(q, k, v, mask, 9, (tile, tile))
     assert_grads_close(got, reference_grads(q, k, v, mask, 9), DTYPE, f"fallback n={n}")
 
@@ -74,10 +74,42 @@ def test_problems_they_do_not_cover_fall_back_and_stay_right(n):
 def test_eligibility_names_what_the_kernels_need():
     q, k, v = random_qkv(1, 2, 64, 64, 16, seed=0)
     whole = (16, 16, 4, 1, True)
-    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v), whole, whole, (q, k, v))
-    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v, causal=True), whole, whole, (q, k, v))
-    assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v), (48, 16, 4, 1, True), whole, (q, k, v))   # 64 % 48
-    qt = q.transpose(2, 3).contiguous().transpose(2, 3)                                             # not row-major
-    assert not bwd_ws.eligible(fa_lab.make_spec(qt, k, v), whole, whole, (qt, k, v))
-    q24, k24, v24 = random_qkv(1, 2, 64, 64, 24, seed=0)                                            # D padded to 32
-    assert not bwd_ws.eligible(fa_lab.make_spec(q24, k24, v24), whole, whole, (q24, k24, v24))
+    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v), whole, (q, k, v))
+    assert bwd_ws.eligible(fa_lab.make_spec(q, k, v, causal=True), whole, (q, k, v))
+    assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v), (48, 16, 4, 1, True), (q, k, v))   # 64 % 48 queries
+    assert not bwd_ws.eligible(fa_lab.make_spec(q, k, v), (16, 48, 4, 1, True), (q, k, v))   # 64 % 48 keys
+    qt = q.transpose(2, 3).contiguous().transpose(2, 3)                                      # not row-major
+    assert not bwd_ws.eligible(fa_lab.make_spec(qt, k, v), whole, (qt, k, v))
+    q24, k24, v24 = random_qkv(1, 2, 64, 64, 24, seed=0)                                     # D padded to 32
+    assert not bwd_ws.eligible(fa_lab.make_spec(q24, k24, v24), whole, (q24, k24, v24))
+
+
+@pytest.mark.parametrize("n, head_dim, row_major, split", [(256, 128, True, True), (200, 128, True, False),
+                                                           (256, 128, False, False), (256, 64, True, False)],
+                         ids=["whole-tiles", "tail", "transposed", "d64"])
+def test_gpu_tiles_are_warp_specialized_only_where_they_can_run(n, head_dim, row_major, split):
+    q, k, v = random_qkv(1, 2, n, n, head_dim, dtype=torch.bfloat16, seed=0)
+    if not row_major:
+        q = q.transpose(2, 3).contiguous().transpose(2, 3)
+    spec = fa_lab.make_spec(q, k, v)
+    key = (bwd.block_d(head_dim), 2)
+    tiles = bwd.gpu_configs(spec, 2, (q, k, v, torch.empty_like(q)))
+    expected = [w if split and w is not None else p for w, p in zip(bwd.WS_CONFIGS.get(key, (None, None)),
+                                                                    bwd.GPU_CONFIGS[key])]
+    assert list(tiles) == expected
+    assert any(len(t) > 4 for t in tiles) == (split and key in bwd.WS_CONFIGS)
+    assert bwd.gpu_configs(spec, 2) == bwd.GPU_CONFIGS[key]   # without the tensors: the plain tiles
+
+
+def test_tuning_keeps_plain_and_warp_specialized_winners_apart():
+    from fa_lab.kernels.triton import tuner
+
+    def rec(kernel, config, ms):
+        return dict(head_dim=128, kernel=kernel, config=list(config), status="ok", ms=ms)
+    records = [rec("dkdv", (64, 128, 8, 2), 2.4), rec("dkdv", (64, 64, 8, 2), 2.9),
+               rec("dkdv", (64, 128, 4, 2, True), 1.7), rec("dq", (128, 64, 8, 3), 1.2),
+               rec("dq", (128, 64, 4, 2, True), 1.3),
+               dict(head_dim=128, kernel="dq", config=[128, 128, 4, 2, True], status="error: out of resource")]
+    assert tuner.best_backward_tiles(records) == {128: ((64, 128, 8, 2), (128, 64, 8, 3))}
+    assert tuner.best_backward_tiles(records, warp_specialized=True) == {128: ((64, 128, 4, 2, True),
+                                                                              (128, 64, 4, 2, True))}

@@ -309,6 +309,13 @@ GPU_CONFIGS = {
     (128, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
     (256, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
 }
+#: the warp-specialized tiles (``bwd_ws``) per (BLOCK_D, itemsize), ``(dkdv, dq)``; ``None`` keeps
+#: GPU_CONFIGS' tile.  Taken only where ``bwd_ws.eligible`` (whole tiles, row-major tensors): elsewhere
+#: GPU_CONFIGS' tile runs.  At D = 128 the split dK/dV pass beat the best plain tile on every tuned
+#: row; its dQ pass did not (``docs/decisions/one-pass-backward.md``).
+WS_CONFIGS = {
+    (128, 2): ((64, 128, 4, 2, True), None),
+}
 #: the interpreter runs a program's tile ops in NumPy: small tiles keep the CPU world quick
 CPU_CONFIG = ((16, 16, 4, 1), (16, 16, 4, 1))
 MAX_HEAD_DIM = 256
@@ -319,12 +326,23 @@ def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def configs(spec, dtype: torch.dtype | None = None):
-    """``(dkdv, dq)`` tile configs, each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``."""
+def gpu_configs(spec, itemsize: int, tensors=()):
+    """``(dkdv, dq)`` GPU tiles for ``spec``: ``WS_CONFIGS``' where ``bwd_ws`` takes the problem and its
+    ``tensors`` (q, k, v, dO), ``GPU_CONFIGS``' otherwise."""
+    key = (block_d(spec.head_dim), itemsize)
+    ws = WS_CONFIGS.get(key, (None, None))
+    return tuple(w if w is not None and tensors and bwd_ws.eligible(spec, w, tensors) else p
+                 for w, p in zip(ws, GPU_CONFIGS[key]))
+
+
+def configs(spec, dtype: torch.dtype | None = None, tensors=()):
+    """``(dkdv, dq)`` tile configs, each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (a fifth entry,
+    true: warp-specialized).  ``tensors``, the call's q, k, v and dO, decide whether the warp-specialized
+    tiles can run; without them the plain tiles are the answer."""
     if not ON_GPU:
         return CPU_CONFIG
     dtype = dtype or spec.dtype
-    return GPU_CONFIGS[(block_d(spec.head_dim), torch.empty((), dtype=dtype).element_size())]
+    return gpu_configs(spec, torch.empty((), dtype=dtype).element_size(), tensors)
 
 
 def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
@@ -383,7 +401,7 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
                      WARP_SPECIALIZE=ON_GPU)
 
     def warp_specialized(cfg):
-        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, cfg, (q, k, v, do))
+        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, (q, k, v, do))
 
     def dkdv_launch(cfg, warmup=False):
         grid = (triton.cdiv(Nk, cfg[1]), B * Hkv)
@@ -411,7 +429,7 @@ def triton_backward(q, k, v, o, lse, do, spec, dlse=None, config=None):
     Deterministic: the same inputs give bit-identical gradients.
     """
     preprocess, dkdv, dq, grads = make_launcher(q, k, v, o, lse, do, spec, dlse)
-    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype)
+    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype, (q, k, v, do))
     preprocess()
     dkdv(cfg_kv)
     dq(cfg_q)

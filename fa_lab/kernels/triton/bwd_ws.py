@@ -1,9 +1,9 @@
-"""Chapter 5's two backward passes, warp-specialized, for problems without a mask.
+"""Chapter 5's two backward passes, warp-specialized, for problems whose tiles are whole.
 
 The same gradients as ``fa_lab.kernels.triton.bwd`` (K/V-stationary dK and dV, then Q-stationary dQ,
 each element written by one program: deterministic), written the way Triton's warp specialization
 needs a loop on Hopper: every tile comes through a tensor descriptor (the copy engine, TMA) and the
-loop is one loop with no mask.  Under ``tl.range(..., warp_specialize=True)`` Triton then splits a
+pass has one loop.  Under ``tl.range(..., warp_specialize=True)`` Triton then splits a
 4-warp program into a producer warpgroup that issues the copies and two consumer warpgroups that
 each take half of the tile, with more registers each (``setmaxnreg``): FlashAttention-3's structure
 (``docs/decisions/one-pass-backward.md``).
@@ -138,10 +138,10 @@ def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale
         [q_row, 0], (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
-def eligible(spec, dkdv_cfg, dq_cfg, tensors) -> bool:
-    """Whether these tiles cover the problem's sequences whole: the only problems these kernels take."""
-    tiles_fit = (spec.n_q % dkdv_cfg[0] == 0 and spec.n_k % dkdv_cfg[1] == 0
-                 and spec.n_q % dq_cfg[0] == 0 and spec.n_k % dq_cfg[1] == 0)
+def eligible(spec, cfg, tensors) -> bool:
+    """Whether tile ``cfg`` (``BLOCK_M`` queries, ``BLOCK_N`` keys) covers the problem's sequences whole and
+    ``tensors`` are row-major: the only problems these kernels take (a descriptor has no masked rows)."""
+    tiles_fit = spec.n_q % cfg[0] == 0 and spec.n_k % cfg[1] == 0
     return (tiles_fit and spec.head_dim == triton.next_power_of_2(spec.head_dim) and spec.head_dim >= 16
             and all(t.is_contiguous() for t in tensors))
 

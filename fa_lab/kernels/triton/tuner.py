@@ -232,16 +232,18 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
 # ---------------------------------------------------------------------------------------------
 # The backward's tiles (chapter 5)
 
-#: tile candidates per padded head dim: (BLOCK_M, BLOCK_N, warps, stages), spill-free for sm_90 (Triton 3.6)
+#: tile candidates per padded head dim: (BLOCK_M, BLOCK_N, warps, stages), spill-free for sm_90 (Triton 3.6);
+#: a fifth entry, true, is a warp-specialized tile (``bwd_ws``: 4 warps that Triton splits into a producer
+#: and two consumer warpgroups; at 8 warps it does not split)
 BWD_TUNE_CANDIDATES = {
     64: {"dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3), (64, 64, 4, 2),
                   (16, 128, 4, 3), (32, 64, 4, 3)],
          "dq": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),
                 (64, 64, 8, 3), (128, 32, 4, 3)]},
     128: {"dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2),
-                   (64, 64, 8, 3)],
+                   (64, 64, 8, 3), (64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 128, 4, 2, True)],
           "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 8, 2),
-                 (64, 64, 4, 2), (64, 32, 4, 3)]},
+                 (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 4, 2, True), (128, 128, 4, 2, True)]},
 }
 
 
@@ -276,9 +278,10 @@ def tune_backward(q, k, v, o, lse, do, spec, candidates: dict | None = None, *, 
     return records
 
 
-def best_backward_tiles(records) -> dict[int, tuple[tuple, tuple]]:
+def best_backward_tiles(records, *, warp_specialized: bool = False) -> dict[int, tuple[tuple, tuple]]:
     """``{head_dim: (dkdv tile, dq tile)}``: per head dim and kernel, the tile with the least time
-    summed over the tuned rows, among the tiles that ran on all of them.
+    summed over the tuned rows, among the tiles that ran on all of them; the plain tiles, or with
+    ``warp_specialized`` the warp-specialized ones (a fifth entry, true).
 
     Records need ``head_dim``, ``kernel``, ``config``, ``status`` and ``ms`` (``tune_backward``'s
     records with the row's head dim added).
@@ -288,7 +291,7 @@ def best_backward_tiles(records) -> dict[int, tuple[tuple, tuple]]:
     totals = collections.defaultdict(float)
     counts = collections.Counter()
     for r in records:
-        if r.get("status") == "ok":
+        if r.get("status") == "ok" and (len(r["config"]) > 4 and bool(r["config"][4])) == warp_specialized:
             key = (r["head_dim"], r["kernel"], tuple(r["config"]))
             totals[key] += r["ms"]
             counts[key] += 1
