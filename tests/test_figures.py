@@ -34,6 +34,9 @@ EXPECTED = {
                             "done at t = 15", "done at t = 9", "done at t = 7", "MMAs"],
     "pingpong_timeline": ["warpgroup 1", "warpgroup 2", "softmax", "GEMM", "Tensor Cores", "named barriers",
                           "done at t = 12", "done at t = 7"],
+    "warp_specialized_dkdv": ["producer warpgroup", "consumer warpgroup 1", "consumer warpgroup 2", "keys 0–63",
+                              "keys 64–127", "stage 0", "stage 1", "TMA copy", "setmaxnreg", "12 warps",
+                              r"$dK_j$ += $dS^\top Q_i$"],
     "causal_pairing": ["query block i", "key block j", "program 0", "program 3", "(blocks 0, 7)", "n + 1 = 9"],
 }
 

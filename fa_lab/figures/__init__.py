@@ -23,6 +23,7 @@ from fa_lab.figures.attention import (
     fa2_forward_dataflow,
     online_softmax_rescaling,
     online_softmax_steps,
+    warp_specialized_dkdv,
 )
 from fa_lab.figures.gpu import (
     grid_block_warp,
@@ -36,9 +37,10 @@ from fa_lab.figures.style import CYCLE, FONT_SIZE, THEMES, figure_to_png, figure
 
 #: every figure of this module by name, for a chapter or a test that wants them all
 FIGURES = {f.__name__: f for f in (memory_hierarchy, grid_block_warp, online_softmax_rescaling, fa2_forward_dataflow,
-                                   fa2_backward_dataflow, pipelining_timeline, pingpong_timeline, causal_pairing)}
+                                   fa2_backward_dataflow, pipelining_timeline, pingpong_timeline, causal_pairing,
+                                   warp_specialized_dkdv)}
 
 __all__ = ["FONT_SIZE", "THEMES", "CYCLE", "figure_to_png", "figure_to_svg", "palette", "tint", "memory_hierarchy",
            "grid_block_warp", "EXAMPLE_ROW", "online_softmax_steps", "online_softmax_rescaling",
            "fa2_forward_dataflow", "fa2_backward_dataflow", "pipeline_schedule", "pipelining_timeline",
-           "pingpong_schedule", "pingpong_timeline", "causal_pairing", "FIGURES"]
+           "pingpong_schedule", "pingpong_timeline", "causal_pairing", "warp_specialized_dkdv", "FIGURES"]

@@ -177,6 +177,56 @@ def fa2_backward_dataflow(*, theme: str = "light") -> Figure:
     return fig
 
 
+def warp_specialized_dkdv(*, theme: str = "light") -> Figure:
+    """The dK/dV pass split into warpgroups: a producer that only issues the copy engine's (TMA) copies of
+    each query block into a ring of shared-memory stages, and two consumers that each own half of the key
+    block, its K, V rows and its dK, dV accumulators, and both read every stage."""
+    th = palette(theme)
+    fig, ax = new_canvas(th, 14.4, 8.7, scale=0.68)
+    add_text(ax, 0.2, 0.3, "dK, dV pass, warp-specialized: one program of 3 warpgroups (12 warps) for key block j "
+             "(128 keys)", th, ha="left", fontweight="bold")
+    # HBM, streamed every iteration
+    add_box(ax, 0.2, 0.8, 1.9, 3.5, th, "orange", amount=0.08)
+    add_text(ax, 1.15, 1.1, "HBM", th, fontweight="bold")
+    streamed = ["$Q_i$", "$dO_i$", r"$\mathrm{lse}_i$", r"$\Delta_i$"]
+    for k, label in enumerate(streamed):
+        add_box(ax, 0.4, 1.5 + k * 0.62, 1.5, 0.46, th, "orange", label, amount=th.strong)
+    # the producer and the ring of stages
+    add_box(ax, 3.0, 0.8, 4.3, 1.25, th, "orange", amount=th.tint)
+    add_text(ax, 5.15, 1.15, "producer warpgroup (warps 0–3)", th, fontweight="bold")
+    add_text(ax, 5.15, 1.65, "issues the TMA copies; few registers", th, color="muted")
+    for k in range(2):
+        y = 2.7 + k * 1.65
+        add_box(ax, 3.0, y, 4.3, 1.35, th, "blue", amount=0.08)
+        add_text(ax, 3.15, y + 0.3, f"stage {k}", th, ha="left", fontweight="bold")
+        add_text(ax, 5.15, y + 0.88, ",  ".join(label for label in streamed), th)
+    add_text(ax, 5.15, 6.2, "shared memory: num_stages = 2 buffers,\nbarriers say full / empty",
+             th, color="muted", linespacing=1.3)
+    add_arrow(ax, (2.1, 3.4), (3.0, 3.4), th, hue="orange")
+    add_text(ax, 1.15, 4.95, "TMA copy:\nblock i into\nstage i mod 2", th, color="muted", linespacing=1.2)
+    add_arrow(ax, (5.15, 2.05), (5.15, 2.7), th, hue="orange")
+    # two consumers, half the keys each
+    for c, (lo, hi) in enumerate(((0, 63), (64, 127))):
+        x = 8.6 + c * 2.95
+        add_box(ax, x, 0.8, 2.75, 6.0, th, "green", amount=0.08)
+        add_text(ax, x + 1.375, 1.15, f"consumer warpgroup {c + 1}", th, fontweight="bold")
+        add_text(ax, x + 1.375, 1.6, f"keys {lo}–{hi} of block j", th, color="muted")
+        rows = f"$K_j$, $V_j$ rows {lo}–{hi}\n$dK_j$, $dV_j$ rows {lo}–{hi}"
+        add_box(ax, x + 0.15, 2.0, 2.45, 0.95, th, "green", rows, amount=th.strong, linespacing=1.3)
+        for k, (hue, text) in enumerate([("green", r"$S^\top = K_j Q_i^\top$"), ("purple", r"$P^\top$ from lse"),
+                                         ("green", r"$dV_j$ += $P^\top dO_i$"), ("green", r"$dP^\top = V_j dO_i^\top$"),
+                                         ("purple", r"$dS^\top = P^\top \circ (dP^\top - \Delta_i)$"),
+                                         ("green", r"$dK_j$ += $dS^\top Q_i$")]):
+            add_box(ax, x + 0.15, 3.1 + k * 0.5, 2.45, 0.42, th, hue, text)
+    add_arrow(ax, (7.3, 4.2), (8.6, 4.2), th, hue="blue")
+    add_text(ax, 7.95, 3.65, "both read\nevery stage", th, color="muted", linespacing=1.2)
+    add_text(ax, 14.3, 7.3, "setmaxnreg: the consumers get 232 registers a thread, the producer fewer;  "
+             "each consumer writes its 64 rows of $dK_j$, $dV_j$ once, at the end", th, color="muted", ha="right")
+    ax.set_ylim(7.8, 0)
+    fig.set_size_inches(14.4 * 0.68, 7.8 * 0.68)
+    return fig
+
+
 # --------------------------------------------------------------------------- 8. causal pairing
 
 def causal_pairing(n_blocks: int = 8, *, theme: str = "light") -> Figure:
