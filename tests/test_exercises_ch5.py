@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import fa_lab  # noqa: F401  (first: picks the world)
-from fa_lab.exercises import ch5_kernels, get, hint, names
+from fa_lab.exercises import ch5_kernels, ch5_split, get, hint, names
 from fa_lab.exercises.runner import run_check
 
-KERNEL_EXERCISES = ("ch5_dkdv_kernel", "ch5_dq_kernel")
+KERNEL_EXERCISES = ("ch5_dkdv_kernel", "ch5_dq_kernel", "ch5_dkdv_split")
 
 
 def _diagnoses(result) -> str:
@@ -40,14 +40,18 @@ def test_kernel_exercises_are_triton_with_tiered_hints():
         cases = ex.make_cases(0)
         assert any(c.meta["structure"] for c in cases)
         assert any(c.kwargs["causal"] and c.meta["n_q"] > c.meta["n_k"] for c in cases), "rows that see no key"
+        assert any(c.args[0].shape[1] > c.args[1].shape[1] for c in cases), "GQA"
+        if name == "ch5_dkdv_split":   # descriptors copy whole tiles: lengths multiples of 16, D a power of two
+            assert all(c.meta["n_q"] % 16 == 0 and c.meta["n_k"] % 16 == 0 for c in cases)
+            assert {c.args[0].shape[-1] for c in cases} <= {16, 32, 64, 128}
+            continue
         assert any(c.args[0].shape[-1] % 8 for c in cases), "a head dim that needs BLOCK_D padding"
         assert any(c.meta["n_k"] > 100 for c in cases)
-        assert any(c.args[0].shape[1] > c.args[1].shape[1] for c in cases), "GQA"
 
 
 def test_judge_is_autograd_and_the_formulas_agree_with_it():
     """The mistakes are the formulas with one switch flipped: without it they must be the judge."""
-    for case in ch5_kernels._kernel_cases(3):
+    for case in ch5_kernels.kernel_cases(3):
         q, k, v, o, do, lse, delta = case.args
         causal = case.kwargs["causal"]
         expected = ch5_kernels._autograd_grads(q, k, v, do, causal)
@@ -77,6 +81,12 @@ MUTANTS = {
         ("GQA: only the group's first query head", [("for g in range(group):", "for g in range(1):")]),
         ("a top-left causal mask", [("diag = N_K - N_Q", "diag = 0")]),
     ]),
+    "ch5_dkdv_split": (ch5_split.dkdv_split_kernel, ch5_split.attention_dkdv_split, [
+        ("D (delta) left out of dS", [("(tl.dot(v, tl.trans(do)) - Di[None, :])", "tl.dot(v, tl.trans(do))")]),
+        ("the scale left out of dK", [("(dk * sm_scale).to(", "dk.to(")]),
+        ("GQA: only the group's first query head", [("tl.range(0, group * n_blocks,", "tl.range(0, n_blocks,")]),
+        ("a top-left causal mask", [("diag = N_K - N_Q", "diag = 0")]),
+    ]),
     "ch5_dq_kernel": (ch5_kernels.dq_kernel, ch5_kernels.attention_dq, [
         ("D (delta) left out of dS", [("ds = p * (dp - Di[:, None])", "ds = p * dp")]),
         ("the scale left out of dQ", [("(dq * sm_scale).to(", "dq.to(")]),
@@ -93,8 +103,8 @@ def _load_mutant(tmp_path, kernel, launcher, edits, tag):
         assert source.count(old) == 1, f"the model answer no longer contains {old!r}: update the mutant"
         source = source.replace(old, new)
     path = tmp_path / f"mutant_{tag}.py"
-    path.write_text("import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nimport fa_lab\n\n\n"
-                    + source, encoding="utf-8")
+    path.write_text("import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nimport fa_lab\n"
+                    "from fa_lab.kernels.triton.launch import descriptor_scratch\n\n\n" + source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"mutant_{tag}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -144,3 +154,26 @@ def test_dense_pytorch_fails_the_kernel_and_structure_rows():
     structure = [r for r in result.rows if r["kind"] == "structure"]
     assert any("Nq×Nk" in r["message"] for r in structure if r["case"].endswith("no Nq×Nk buffer"))
     assert not any(r["passed"] for r in structure if r["case"].endswith("your own Triton kernel"))
+
+
+def test_pointer_loads_fail_the_split_exercise_with_its_reason(tmp_path):
+    """5.5's kernel (pointers) gives the right gradients on 5.7's cases, and only the descriptor row fails."""
+    kernel, launcher, _ = MUTANTS["ch5_dkdv_kernel"]
+    pointers = _load_mutant(tmp_path, kernel, launcher, [], "pointers")
+    result = run_check(get("ch5_dkdv_split"), pointers, seeds=(0,))
+    assert not result.passed
+    assert all(r["passed"] for r in result.rows if r["kind"] == "values")
+    failed = [r for r in result.rows if not r["passed"]]
+    if fa_lab.ON_GPU:   # the interpreter counts the loads: on a GPU the row does not apply
+        assert not failed
+    else:
+        assert failed and all("through pointers" in r["message"] for r in failed), [r["message"] for r in failed]
+
+
+def test_split_report_reads_the_compiled_kernel(tmp_path):
+    """The model answer compiles for sm_90 into a producer and two consumers; a plain range() loop does not."""
+    assert "split into 12 warps" in ch5_split.split_report(ch5_split.dkdv_split_kernel)
+    kernel, launcher, _ = MUTANTS["ch5_dkdv_split"]
+    plain = _load_mutant(tmp_path, kernel, launcher, [("tl.range(0, group * n_blocks, warp_specialize=WARP_SPECIALIZE)",
+                                                       "range(0, group * n_blocks)")], "plain_loop")
+    assert "not split" in ch5_split.split_report(plain.__globals__["dkdv_split_kernel"])

@@ -177,11 +177,12 @@ KERNEL_SHAPES = fa_lab.pick(  # B, H, Hkv, Nq, Nk, D, causal, dtype, what the ca
 )
 
 
-def _kernel_cases(seed, tile=False):
-    """q, k, v, o, do, lse, delta as a forward and a loss give them (o, lse, delta from float64)."""
+def kernel_cases(seed, tile=False, shapes=KERNEL_SHAPES):
+    """q, k, v, o, do, lse, delta as a forward and a loss give them (o, lse, delta from float64), one case
+    per ``(B, H, Hkv, Nq, Nk, D, causal, dtype, what)`` of ``shapes``."""
     g = torch.Generator().manual_seed(seed)
     cases = []
-    for B, H, h_kv, n_q, n_k, d, causal, dtype, what in KERNEL_SHAPES:
+    for B, H, h_kv, n_q, n_k, d, causal, dtype, what in shapes:
         q = torch.randn(B, H, n_q, d, generator=g).to(DEVICE, dtype)
         k, v = (torch.randn(B, h_kv, n_k, d, generator=g).to(DEVICE, dtype) for _ in range(2))
         do = torch.randn(B, H, n_q, d, generator=g).to(DEVICE, dtype)
@@ -267,7 +268,7 @@ _IO = ("q, o, do (B, H, Nq, D); k, v (B, Hkv, Nk, D); lse, delta (B, H, Nq) floa
 register_exercise(Exercise(
     name="ch5_dkdv_kernel", chapter=5, title="dK and dV in Triton: the K/V-stationary kernel",
     signature=f"attention_dkdv(q, k, v, o, do, lse, delta, causal=False) -> (dk, dv)   # {_IO}",
-    solution=dkdv_reference, model_answer=attention_dkdv, kind="triton", make_cases=_kernel_cases,
+    solution=dkdv_reference, model_answer=attention_dkdv, kind="triton", make_cases=kernel_cases,
     outputs=("dk", "dv"), judge_dtype=torch.float64, mistakes=DKDV_MISTAKES, structure=(NoQuadraticBuffer(),),
     hint="One program per (key block, batch, K/V head) keeps K_j, V_j and fp32 dK_j, dV_j on chip and walks the "
          "query blocks of every query head of its group. hint('ch5_dkdv_kernel', 1) and on for more.",
@@ -295,7 +296,7 @@ register_exercise(Exercise(
     name="ch5_dq_kernel", chapter=5, title="dQ in Triton: the Q-stationary kernel",
     signature=f"attention_dq(q, k, v, o, do, lse, delta, causal=False) -> dq   # {_IO}",
     solution=dq_reference, model_answer=attention_dq, kind="triton",
-    make_cases=lambda seed: _kernel_cases(seed, tile=True),
+    make_cases=lambda seed: kernel_cases(seed, tile=True),
     outputs=("dq",), judge_dtype=torch.float64, mistakes=DQ_MISTAKES, structure=(NoQuadraticBuffer(),),
     hint="One program per (query block, batch, query head) keeps Q_i, dO_i, lse_i, delta_i and fp32 dQ_i on chip "
          "and walks the key blocks of its K/V head. hint('ch5_dq_kernel', 1) and on for more.",

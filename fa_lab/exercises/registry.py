@@ -55,6 +55,7 @@ CHAPTER_MODULES = [
     "fa_lab.exercises.ch4_kernels",
     "fa_lab.exercises.ch5",
     "fa_lab.exercises.ch5_kernels",
+    "fa_lab.exercises.ch5_split",
     "fa_lab.exercises.ch6",
     "fa_lab.exercises.ch8",
     "fa_lab.exercises.ch8_kernels",
@@ -139,7 +140,7 @@ def register_exercise(ex: Exercise) -> Exercise:
 
 #: chapters whose exercises are Triton kernels, and their modules: not loaded where Triton is not installed
 TRITON_CHAPTERS = {4: ("fa_lab.exercises.ch4", "fa_lab.exercises.ch4_kernels"),
-                   5: ("fa_lab.exercises.ch5", "fa_lab.exercises.ch5_kernels"),
+                   5: ("fa_lab.exercises.ch5", "fa_lab.exercises.ch5_kernels", "fa_lab.exercises.ch5_split"),
                    8: ("fa_lab.exercises.ch8_kernels",),
                    9: ("fa_lab.exercises.ch9_kernels",),
                    10: ("fa_lab.exercises.ch10_kernels",)}

@@ -14,7 +14,9 @@ thread that runs the learner's code) and judge afterwards:
                          so a row the learner never writes shows up as NaN instead of as
                          whatever zeros the allocator happened to return;
 - ``TritonDotCount``     the ``tl.dot`` calls the Triton interpreter runs (a chapter's check
-                         turns them into the key tiles a kernel computed).
+                         turns them into the key tiles a kernel computed);
+- ``DescriptorsOnly``    every global load and store the Triton interpreter runs goes through a
+                         tensor descriptor, none through a pointer (``TritonMemoryOps`` counts them).
 
 A check applies to the cases whose ``meta`` has ``structure=True`` (large enough that a
 tile is clearly smaller than Nq·Nk), unless it overrides ``applies``.  Kernel-style
@@ -300,3 +302,96 @@ class TritonDotCount:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class TritonMemoryOps:
+    """Triton interpreter: counts the global loads and stores run while it is active, through pointers
+    (``pointer``: ``tl.load``, ``tl.store``) and through tensor descriptors (``descriptor``).
+
+    A descriptor's own copy may be carried out by the interpreter's pointer operations: those are not
+    counted twice.  ``start()`` patches the interpreter's builder and ``stop()`` puts it back.
+    """
+
+    POINTER = ("create_load", "create_masked_load", "create_store", "create_masked_store")
+    DESCRIPTOR = ("create_descriptor_load", "create_descriptor_store")
+
+    def __init__(self):
+        self.pointer = 0
+        self.descriptor = 0
+        self._depth = 0
+        self._originals = {}
+
+    def start(self) -> "TritonMemoryOps":
+        from triton.runtime.interpreter import InterpreterBuilder
+
+        counter = self
+
+        def wrap(name, original):
+            descriptor = name in self.DESCRIPTOR
+
+            def counted(builder, *args, **kwargs):
+                if counter._depth == 0:
+                    if descriptor:
+                        counter.descriptor += 1
+                    else:
+                        counter.pointer += 1
+                counter._depth += descriptor
+                try:
+                    return original(builder, *args, **kwargs)
+                finally:
+                    counter._depth -= descriptor
+            return counted
+
+        for name in self.POINTER + self.DESCRIPTOR:
+            original = getattr(InterpreterBuilder, name, None)
+            if original is not None:
+                self._originals[name] = original
+                setattr(InterpreterBuilder, name, wrap(name, original))
+        return self
+
+    def stop(self) -> None:
+        if self._originals:
+            from triton.runtime.interpreter import InterpreterBuilder
+
+            for name, original in self._originals.items():
+                setattr(InterpreterBuilder, name, original)
+            self._originals = {}
+
+    def __enter__(self) -> "TritonMemoryOps":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class DescriptorsOnly(StructureCheck):
+    """Every global load and store of the learner's Triton kernel goes through a tensor descriptor
+    (``tl.make_tensor_descriptor``), the form Triton's warp specialization needs.  Counted in the
+    interpreter; on a GPU it does not apply."""
+
+    label = "every load and store through a tensor descriptor (interpreter)"
+
+    def applies(self, case) -> bool:
+        from fa_lab.core.world import ON_GPU
+
+        return not ON_GPU and super().applies(case)
+
+    def start(self, case, args, kwargs):
+        self.ops = TritonMemoryOps().start()
+
+    def finish(self):
+        ops = getattr(self, "ops", None)
+        if ops is not None:
+            ops.stop()
+
+    def verdict(self):
+        self.finish()
+        if self.ops.pointer == 0 and self.ops.descriptor == 0:
+            return ("no load or store ran in the Triton interpreter: launch your Triton kernel from the function")
+        if self.ops.pointer == 0:
+            return None
+        return (f"your kernel ran {self.ops.pointer} loads or stores through pointers (tl.load / tl.store) beside "
+                f"{self.ops.descriptor} through tensor descriptors. Triton splits a loop into a producer and "
+                "consumer warpgroups only when its tiles come through descriptors: build one per tensor with "
+                "tl.make_tensor_descriptor(base, shape, strides, block_shape) and use its .load([row, 0]) and "
+                ".store([row, 0], tile)")
