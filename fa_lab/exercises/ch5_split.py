@@ -4,8 +4,9 @@
    loaded and stored through tensor descriptors built in the kernel, and one loop over (query head of the
    group, query block), ``tl.range(..., warp_specialize=WARP_SPECIALIZE)``, the mask applied to every tile.
 
-A descriptor copy has no row mask, so the cases have whole tiles: sequence lengths multiples of the tile and
-power-of-two head dims.  In the CPU world the interpreter runs the loop unsplit and the grader checks that no
+The descriptors see each tensor as one matrix of rows, every head's sequence after the last, so a tile past
+the end of a sequence would read the next head's rows: the cases have whole tiles (sequence lengths multiples
+of the tile) and power-of-two head dims.  In the CPU world the interpreter runs the loop unsplit and the grader checks that no
 pointer load or store ran (``structure.DescriptorsOnly``).  ``split_report`` compiles a kernel for sm_90,
 no GPU needed, and says whether Triton split it into a producer and consumer warpgroups.
 """
