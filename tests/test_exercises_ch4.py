@@ -236,4 +236,4 @@ def test_chapter_modules_register_in_the_book_order():
         "ch3_blocks_per_sm",
         "ch4_key_block_ranges", "ch4_flash_forward", "ch4_flash_kernel", "ch4_skip_masked",
         "ch5_recompute_p", "ch5_dv_and_delta", "ch5_ds_from_dp", "ch5_attention_backward",
-        "ch5_dkdv_kernel", "ch5_dq_kernel"]
+        "ch5_dkdv_kernel", "ch5_dq_kernel", "ch5_dkdv_split"]
