@@ -2,8 +2,8 @@
 
 In the CPU world the interpreter runs them (it has no warp specialization: the same loops, one program at a
 time), which checks their descriptors, rows and GQA indexing; on a GPU the same tests run the split kernels.
-A config's fifth entry asks for them; problems they do not cover (a mask, a tile left over) must fall back
-to the shipped kernels and stay right.
+A config's fifth entry asks for them; problems they do not cover (a tile left over, a padded head dim, a
+tensor that is not row-major) must fall back to the plain kernels and stay right.
 """
 import pytest
 import torch
