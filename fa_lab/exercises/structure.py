@@ -16,7 +16,8 @@ thread that runs the learner's code) and judge afterwards:
 - ``TritonDotCount``     the ``tl.dot`` calls the Triton interpreter runs (a chapter's check
                          turns them into the key tiles a kernel computed);
 - ``DescriptorsOnly``    every global load and store the Triton interpreter runs goes through a
-                         tensor descriptor, none through a pointer (``TritonMemoryOps`` counts them).
+                         tensor descriptor, none through a pointer (``TritonMemoryOps`` counts them;
+                         both counters patch the interpreter through ``InterpreterPatch``).
 
 A check applies to the cases whose ``meta`` has ``structure=True`` (large enough that a
 tile is clearly smaller than Nq·Nk), unless it overrides ``applies``.  Kernel-style
@@ -260,94 +261,24 @@ class SimLoadBudget(StructureCheck):
                 + (self.why or "Stage each tile in shared memory once and reuse it from there."))
 
 
-class TritonDotCount:
-    """Triton interpreter: counts the ``tl.dot`` calls run while it is active (``count``) and keeps the
-    operand shapes of the first one (``first``: ``(a.shape, b.shape)``, None until a dot runs).
+class InterpreterPatch:
+    """Wraps methods of the Triton interpreter's builder while active: ``_wrap(name, make)`` replaces
+    ``InterpreterBuilder.name`` by ``make(original)``; ``stop()`` puts every original back (or use ``with``).
 
-    ``start()`` patches the interpreter's builder and ``stop()`` puts it back (or use ``with``).
     The patch runs inside the learner's call, so it lives here: the call watch reads code of this
     module as the checks' own instrumentation, and code of an exercise's module as its solution.
     """
 
     def __init__(self):
-        self.count = 0
-        self.first = None
-        self._original = None
-
-    def start(self) -> "TritonDotCount":
-        from triton.runtime.interpreter import InterpreterBuilder
-
-        original = InterpreterBuilder.create_dot
-        counter = self
-
-        def counting_dot(builder, a, b, *rest):
-            if counter.first is None:
-                counter.first = (a.data.shape, b.data.shape)
-            counter.count += 1
-            return original(builder, a, b, *rest)
-
-        InterpreterBuilder.create_dot = counting_dot
-        self._original = original
-        return self
-
-    def stop(self) -> None:
-        if self._original is not None:
-            from triton.runtime.interpreter import InterpreterBuilder
-
-            InterpreterBuilder.create_dot = self._original
-            self._original = None
-
-    def __enter__(self) -> "TritonDotCount":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-class TritonMemoryOps:
-    """Triton interpreter: counts the global loads and stores run while it is active, through pointers
-    (``pointer``: ``tl.load``, ``tl.store``) and through tensor descriptors (``descriptor``).
-
-    A descriptor's own copy may be carried out by the interpreter's pointer operations: those are not
-    counted twice.  ``start()`` patches the interpreter's builder and ``stop()`` puts it back.
-    """
-
-    POINTER = ("create_load", "create_masked_load", "create_store", "create_masked_store")
-    DESCRIPTOR = ("create_descriptor_load", "create_descriptor_store")
-
-    def __init__(self):
-        self.pointer = 0
-        self.descriptor = 0
-        self._depth = 0
         self._originals = {}
 
-    def start(self) -> "TritonMemoryOps":
+    def _wrap(self, name: str, make) -> None:
         from triton.runtime.interpreter import InterpreterBuilder
 
-        counter = self
-
-        def wrap(name, original):
-            descriptor = name in self.DESCRIPTOR
-
-            def counted(builder, *args, **kwargs):
-                if counter._depth == 0:
-                    if descriptor:
-                        counter.descriptor += 1
-                    else:
-                        counter.pointer += 1
-                counter._depth += descriptor
-                try:
-                    return original(builder, *args, **kwargs)
-                finally:
-                    counter._depth -= descriptor
-            return counted
-
-        for name in self.POINTER + self.DESCRIPTOR:
-            original = getattr(InterpreterBuilder, name, None)
-            if original is not None:
-                self._originals[name] = original
-                setattr(InterpreterBuilder, name, wrap(name, original))
-        return self
+        original = getattr(InterpreterBuilder, name, None)
+        if original is not None:   # a builder method this Triton release does not have counts nothing
+            self._originals[name] = original
+            setattr(InterpreterBuilder, name, make(original))
 
     def stop(self) -> None:
         if self._originals:
@@ -357,11 +288,72 @@ class TritonMemoryOps:
                 setattr(InterpreterBuilder, name, original)
             self._originals = {}
 
-    def __enter__(self) -> "TritonMemoryOps":
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class TritonDotCount(InterpreterPatch):
+    """Triton interpreter: counts the ``tl.dot`` calls run while it is active (``count``) and keeps the
+    operand shapes of the first one (``first``: ``(a.shape, b.shape)``, None until a dot runs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.first = None
+
+    def start(self) -> "TritonDotCount":
+        def make(original):
+            def counting_dot(builder, a, b, *rest):
+                if self.first is None:
+                    self.first = (a.data.shape, b.data.shape)
+                self.count += 1
+                return original(builder, a, b, *rest)
+            return counting_dot
+
+        self._wrap("create_dot", make)
+        return self
+
+
+class TritonMemoryOps(InterpreterPatch):
+    """Triton interpreter: counts the global loads and stores run while it is active, through pointers
+    (``pointer``: ``tl.load``, ``tl.store``) and through tensor descriptors (``descriptor``).
+
+    A descriptor's own copy may be carried out by the interpreter's pointer operations: those are not
+    counted twice.
+    """
+
+    POINTER = ("create_load", "create_masked_load", "create_store", "create_masked_store")
+    DESCRIPTOR = ("create_descriptor_load", "create_descriptor_store")
+
+    def __init__(self):
+        super().__init__()
+        self.pointer = 0
+        self.descriptor = 0
+        self._depth = 0
+
+    def start(self) -> "TritonMemoryOps":
+        def make(descriptor):
+            def wrap(original):
+                def counted(builder, *args, **kwargs):
+                    if self._depth == 0:
+                        if descriptor:
+                            self.descriptor += 1
+                        else:
+                            self.pointer += 1
+                    self._depth += descriptor
+                    try:
+                        return original(builder, *args, **kwargs)
+                    finally:
+                        self._depth -= descriptor
+                return counted
+            return wrap
+
+        for name in self.POINTER + self.DESCRIPTOR:
+            self._wrap(name, make(name in self.DESCRIPTOR))
+        return self
 
 
 class DescriptorsOnly(StructureCheck):
