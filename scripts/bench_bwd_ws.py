@@ -26,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from fa_lab.bench import time_interleaved  # noqa: E402
 from fa_lab.bench.peers import sdpa_kwargs  # noqa: E402
+from fa_lab.core.reference import reference_attention  # noqa: E402
 from fa_lab.core.testing import random_qkv  # noqa: E402
 from fa_lab.kernels.triton import bwd, tuner  # noqa: E402
 
@@ -45,17 +46,17 @@ WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 1
 
 def reference_check() -> dict:
     """A small GQA problem, bf16, against the float64 gradients."""
-    B, H, Hkv, N, D = 1, 4, 2, 512, 128
+    B, H, Hkv, N, D = 1, 4, 2, 512, 128   # GQA: the reference repeats each K/V head for its group
     q, k, v = random_qkv(B, H, N, N, D, kv_heads=Hkv, dtype=torch.bfloat16, seed=11)
     spec = fa_lab.make_spec(q, k, v)
     o, lse = fa_lab.attention(q, k, v, impl="triton", return_lse=True)
     do = torch.randn_like(o)
     x64 = [t.double().requires_grad_() for t in (q, k, v)]
-    ref = torch.nn.functional.scaled_dot_product_attention(x64[0], x64[1].repeat_interleave(H // Hkv, 1),
-                                                           x64[2].repeat_interleave(H // Hkv, 1))
+    ref, _ = reference_attention(*x64, fa_lab.make_spec(*x64))
     ref.backward(do.double())
     out = {}
-    for name, cfg in (("plain", bwd.GPU_CONFIGS[(D, 2)]), ("ws", (WS_TILES[D]["dkdv"][0], WS_TILES[D]["dq"][0]))):
+    for name, cfg in (("plain", bwd.GPU_CONFIGS[(bwd.block_d(D), 2)]),
+                      ("ws", (WS_TILES[D]["dkdv"][0], WS_TILES[D]["dq"][0]))):
         grads = bwd.triton_backward(q, k, v, o, lse, do, spec, config=cfg)
         out[name] = [float((g.double() - x.grad).abs().max()) for g, x in zip(grads, x64)]
     return out
