@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fa_lab  # noqa: F401  (first: picks the world)
-from fa_lab.exercises import ch5_kernels, ch5_split, get, hint, names
+from fa_lab.exercises import ch5_kernels, ch5_split, get, hint, names, structure
 from fa_lab.exercises.runner import run_check
 
 KERNEL_EXERCISES = ("ch5_dkdv_kernel", "ch5_dq_kernel", "ch5_dkdv_split")
@@ -104,7 +104,9 @@ def _load_mutant(tmp_path, kernel, launcher, edits, tag):
         source = source.replace(old, new)
     path = tmp_path / f"mutant_{tag}.py"
     path.write_text("import math\n\nimport torch\nimport triton\nimport triton.language as tl\n\nimport fa_lab\n"
-                    "from fa_lab.kernels.triton.launch import descriptor_scratch\n\n\n" + source, encoding="utf-8")
+                    "\n\ndef descriptor_scratch(size, alignment, stream):   # the learner's own, as in the notebook\n"
+                    "    return torch.empty(size, dtype=torch.int8, device=fa_lab.DEVICE)\n\n\n" + source,
+                    encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"mutant_{tag}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -157,17 +159,35 @@ def test_dense_pytorch_fails_the_kernel_and_structure_rows():
 
 
 def test_pointer_loads_fail_the_split_exercise_with_its_reason(tmp_path):
-    """5.5's kernel (pointers) gives the right gradients on 5.7's cases, and only the descriptor row fails."""
+    """5.5's kernel (pointers) gives the right gradients on 5.7's cases, and only the descriptor row fails:
+    counted in the interpreter on a CPU, read from the compiled code on a GPU."""
     kernel, launcher, _ = MUTANTS["ch5_dkdv_kernel"]
     pointers = _load_mutant(tmp_path, kernel, launcher, [], "pointers")
     result = run_check(get("ch5_dkdv_split"), pointers, seeds=(0,))
     assert not result.passed
     assert all(r["passed"] for r in result.rows if r["kind"] == "values")
     failed = [r for r in result.rows if not r["passed"]]
-    if fa_lab.ON_GPU:   # the interpreter counts the loads: on a GPU the row does not apply
-        assert not failed
-    else:
-        assert failed and all("through pointers" in r["message"] for r in failed), [r["message"] for r in failed]
+    assert failed and all("through pointers" in r["message"] for r in failed), [r["message"] for r in failed]
+    where = "in its compiled code" if fa_lab.ON_GPU else "in the Triton interpreter"
+    assert all(where in r["message"] for r in failed)
+
+
+def test_compiled_memory_ops_counts_the_ir_of_each_kernel_once():
+    """The GPU world's counter reads Triton IR: ``tt.load``/``tt.store`` are pointer accesses, the
+    ``tt.descriptor_*`` ops are not, and a kernel launched twice is counted once."""
+    class Kernel:   # what JITFunction.run returns: the compiled kernel, its IR under asm["ttir"]
+        def __init__(self, ttir):
+            self.asm = {"ttir": ttir}
+
+    ptr = Kernel("%a = tt.load %p, %m : tensor<64x64x!tt.ptr<f16>>\ntt.store %p, %a : tensor<64x64x!tt.ptr<f16>>\n"
+                 "%c = tt.load %s : !tt.ptr<f32>")
+    desc = Kernel("%d = tt.make_tensor_descriptor %K, [%n, %c64], [%c64, %c1] : <f16>, <64x64xf16>\n"
+                  "%x = tt.descriptor_load %d[%r, %c0] : !tt.tensordesc<64x64xf16> -> tensor<64x64xf16>\n"
+                  "tt.descriptor_store %d[%r, %c0], %x : !tt.tensordesc<64x64xf16>, tensor<64x64xf16>")
+    ops = structure.CompiledMemoryOps()
+    for kernel in (ptr, desc, desc, Kernel(None), object()):
+        ops.add(kernel)
+    assert (ops.pointer, ops.descriptor) == (3, 2)
 
 
 def test_split_report_reads_the_compiled_kernel(tmp_path):

@@ -6,9 +6,10 @@
 
 The descriptors see each tensor as one matrix of rows, every head's sequence after the last, so a tile past
 the end of a sequence would read the next head's rows: the cases have whole tiles (sequence lengths multiples
-of the tile) and power-of-two head dims.  In the CPU world the interpreter runs the loop unsplit and the grader checks that no
-pointer load or store ran (``structure.DescriptorsOnly``).  ``split_report`` compiles a kernel for sm_90,
-no GPU needed, and says whether Triton split it into a producer and consumer warpgroups.
+of the tile) and power-of-two head dims.  The grader checks that no pointer load or store is left
+(``structure.DescriptorsOnly``): the ones the interpreter runs in the CPU world, the ones in the compiled code
+on a GPU.  ``split_report`` compiles a kernel for sm_90, no GPU needed, and says whether Triton split it into a
+producer and consumer warpgroups.
 """
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ exercises that write into output arguments get those poisoned by ``judge.prepare
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -356,20 +358,69 @@ class TritonMemoryOps(InterpreterPatch):
         return self
 
 
+class CompiledMemoryOps:
+    """On a GPU: the global loads and stores in the compiled code (Triton IR) of every kernel launched
+    while it is active, through pointers (``pointer``: ``tt.load``, ``tt.store``) and through tensor
+    descriptors (``descriptor``).  Counted once per load or store in the code, not per execution: the
+    interpreter's count (``TritonMemoryOps``) needs the CPU world.
+
+    It wraps ``JITFunction.run``, which compiles (or finds in its cache) and launches a kernel and
+    returns the compiled kernel, whose ``asm["ttir"]`` is the IR.
+    """
+
+    POINTER = re.compile(r"\btt\.(?:load|store)\b")
+    DESCRIPTOR = re.compile(r"\btt\.descriptor_(?:load|store)\b")
+
+    def __init__(self):
+        self.pointer = 0
+        self.descriptor = 0
+        self._seen = set()
+        self._original = None
+
+    def add(self, kernel) -> None:
+        """Count the loads and stores in one compiled kernel's IR (once per kernel object)."""
+        try:
+            ttir = kernel.asm["ttir"]
+        except Exception:  # noqa: BLE001 — a kernel object without its IR counts nothing
+            return
+        if isinstance(ttir, str) and id(kernel) not in self._seen:   # a kernel launched in a loop is one kernel
+            self._seen.add(id(kernel))
+            self.pointer += len(self.POINTER.findall(ttir))
+            self.descriptor += len(self.DESCRIPTOR.findall(ttir))
+
+    def start(self) -> "CompiledMemoryOps":
+        from triton.runtime.jit import JITFunction
+
+        original = self._original = JITFunction.run
+
+        def run(fn, *args, **kwargs):
+            kernel = original(fn, *args, **kwargs)
+            self.add(kernel)
+            return kernel
+
+        JITFunction.run = run
+        return self
+
+    def stop(self) -> None:
+        if self._original is not None:
+            from triton.runtime.jit import JITFunction
+
+            JITFunction.run = self._original
+            self._original = None
+
+
 class DescriptorsOnly(StructureCheck):
     """Every global load and store of the learner's Triton kernel goes through a tensor descriptor
-    (``tl.make_tensor_descriptor``), the form Triton's warp specialization needs.  Counted in the
-    interpreter; on a GPU it does not apply."""
+    (``tl.make_tensor_descriptor``), the form Triton's warp specialization needs.  Counted as they run
+    in the interpreter (``TritonMemoryOps``), and in the compiled code on a GPU (``CompiledMemoryOps``)."""
 
-    label = "every load and store through a tensor descriptor (interpreter)"
-
-    def applies(self, case) -> bool:
-        from fa_lab.core.world import ON_GPU
-
-        return not ON_GPU and super().applies(case)
+    label = "every load and store through a tensor descriptor"
 
     def start(self, case, args, kwargs):
-        self.ops = TritonMemoryOps().start()
+        from fa_lab.core.world import ON_GPU
+
+        self.where = "in its compiled code" if ON_GPU else "in the Triton interpreter"
+        self.ops = (CompiledMemoryOps() if ON_GPU else TritonMemoryOps()).start()
 
     def finish(self):
         ops = getattr(self, "ops", None)
@@ -379,11 +430,12 @@ class DescriptorsOnly(StructureCheck):
     def verdict(self):
         self.finish()
         if self.ops.pointer == 0 and self.ops.descriptor == 0:
-            return ("no load or store ran in the Triton interpreter: launch your Triton kernel from the function")
+            return (f"no load or store of a Triton kernel was seen {self.where}: "
+                    "launch your Triton kernel from the function")
         if self.ops.pointer == 0:
             return None
-        return (f"your kernel ran {self.ops.pointer} loads or stores through pointers (tl.load / tl.store) beside "
-                f"{self.ops.descriptor} through tensor descriptors. Triton splits a loop into a producer and "
-                "consumer warpgroups only when its tiles come through descriptors: build one per tensor with "
-                "tl.make_tensor_descriptor(base, shape, strides, block_shape) and use its .load([row, 0]) and "
-                ".store([row, 0], tile)")
+        return (f"your kernel has {self.ops.pointer} loads or stores through pointers (tl.load / tl.store) beside "
+                f"{self.ops.descriptor} through tensor descriptors, {self.where}. Triton splits a loop into a "
+                "producer and consumer warpgroups only when its tiles come through descriptors: build one per "
+                "tensor with tl.make_tensor_descriptor(base, shape, strides, block_shape) and use its "
+                ".load([row, 0]) and .store([row, 0], tile)")
