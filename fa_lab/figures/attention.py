@@ -155,25 +155,25 @@ def fa2_forward_dataflow(*, theme: str = "light") -> Figure:
 
 
 def fa2_backward_dataflow(*, theme: str = "light") -> Figure:
-    """The FlashAttention-2 backward as two passes that recompute P from lse: a K/V-stationary pass
-    accumulating dK_j and dV_j over the query blocks, and a Q-stationary pass accumulating dQ_i."""
+    """The FlashAttention-2 backward as two passes that recompute P from lse: a Q-stationary pass accumulating
+    dQ_i, which first computes and stores each row's Delta_i, then a K/V-stationary pass accumulating dK_j and
+    dV_j over the query blocks."""
     th = palette(theme)
     recompute = [("green", r"$S = Q_i K_j^\top$  (scaled)"), ("purple", r"$P = e^{S - \mathrm{lse}_i}$  (recomputed)")]
-    fig, ax = _dataflow_figure(th, [
-        ("dK, dV pass: outer loop over key/value blocks j, one program each",
+    fig, _ = _dataflow_figure(th, [
+        ("dQ pass, first: one program per query block i, no atomics",
+         ["$Q_i$", "$dO_i$", "$O_i$", r"$\mathrm{lse}_i$"],
+         r"$\Delta_i = \mathrm{rowsum}(dO_i \circ O_i)$,  $dQ_i = 0$  (registers)",
+         "for each key/value block j that block i sees", ["$K_j$", "$V_j$"],
+         recompute + [("green", r"$dP = dO_i V_j^\top$"), ("purple", r"$dS = P \circ (dP - \Delta_i)$"),
+                      ("green", r"$dQ_i$ += $dS\, K_j$")],
+         [r"$\Delta_i$", "$dQ_i$"], r"write $\Delta_i$ for the next pass, $dQ_i$ (times the scale) once"),
+        ("dK, dV pass, second: outer loop over key/value blocks j, one program each",
          ["$K_j$", "$V_j$"], r"$dK_j = 0$,  $dV_j = 0$  (registers)",
          "for each query block i that sees block j", ["$Q_i$", "$dO_i$", r"$\mathrm{lse}_i$", r"$\Delta_i$"],
          recompute + [("green", r"$dV_j$ += $P^\top dO_i$"), ("green", r"$dP = dO_i V_j^\top$"),
                       ("purple", r"$dS = P \circ (dP - \Delta_i)$"), ("green", r"$dK_j$ += $dS^\top Q_i$")],
-         ["$dK_j$", "$dV_j$"], r"epilogue: write $dK_j$ (times the scale) and $dV_j$ once"),
-        ("dQ pass: one program per query block i, no atomics",
-         ["$Q_i$", "$dO_i$", r"$\mathrm{lse}_i$", r"$\Delta_i$"], r"$dQ_i = 0$  (registers)",
-         "for each key/value block j that block i sees", ["$K_j$", "$V_j$"],
-         recompute + [("green", r"$dP = dO_i V_j^\top$"), ("purple", r"$dS = P \circ (dP - \Delta_i)$"),
-                      ("green", r"$dQ_i$ += $dS\, K_j$")],
-         ["$dQ_i$"], r"epilogue: write $dQ_i$ (times the scale) once")])
-    add_text(ax, 14.2, 0.3, r"computed first: $\Delta_i = \mathrm{rowsum}(dO_i \circ O_i)$", th, color="muted",
-             ha="right")
+         ["$dK_j$", "$dV_j$"], r"epilogue: write $dK_j$ (times the scale) and $dV_j$ once")])
     return fig
 
 

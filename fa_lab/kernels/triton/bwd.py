@@ -1,15 +1,15 @@
 """Chapter 5: the FlashAttention-2 backward pass in Triton, deterministic (no atomics).
 
-Three kernels, all recomputing P = exp(S - lse) from Q, K and the saved lse:
+Two kernels, both recomputing P = exp(S - lse) from Q, K and the saved lse, in this order:
 
-1. ``bwd_preprocess``: D = rowsum(dO ∘ O) per query row, and the lse in base 2
-   (``+inf`` for a row that sees no key, so that its P is 0 rather than NaN).
+1. ``bwd_dq``: **Q-stationary**.  A program owns one block of queries and walks the key
+   blocks it sees: dQ_i += dS K.  Owning those rows, it first computes their D = rowsum(dO ∘ O)
+   and the lse in base 2 (``row_terms``: ``+inf`` for a row that sees no key, so that its P is
+   0 rather than NaN) and stores both for the next kernel.
 2. ``bwd_dkdv``: **K/V-stationary**.  A program owns one block of keys, keeps K_j, V_j,
    dK_j and dV_j on chip, and walks every query block that sees it — for *every query
    head of its GQA group*, so the group's sum happens in registers:
    dV_j += Pᵀ dO,  dK_j += dSᵀ Q.
-3. ``bwd_dq``: **Q-stationary**.  A program owns one block of queries and walks the key
-   blocks it sees: dQ_i += dS K.
 
 FlashAttention-2 computes dQ inside the K/V loop with ``atomicAdd``, whose order (and so
 whose rounding) changes from run to run.  Here every gradient element is written by
@@ -29,36 +29,9 @@ from fa_lab.core.world import ON_GPU
 from fa_lab.kernels.triton import bwd_ws
 from fa_lab.kernels.triton.key_ranges import visible_range
 from fa_lab.kernels.triton.launch import descriptor_scratch
+from fa_lab.kernels.triton.row_terms import row_terms
 
 LOG2E = 1.4426950408889634   # exp(x) = exp2(x · log2 e): exp2 is the fast instruction
-
-
-@triton.jit
-def bwd_preprocess(O, DO, LSE, DLSE, Delta, LSE2,
-                    stride_ob, stride_oh, stride_om, stride_od,
-                    stride_dob, stride_doh, stride_dom, stride_dod,
-                    H, N_Q,
-                    HEAD_DIM: tl.constexpr, HAS_DLSE: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    in_rows = offs_m < N_Q
-    mask = in_rows[:, None] & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                 mask=mask, other=0.0).to(tl.float32)
-    row = bh.to(tl.int64) * N_Q + offs_m
-    delta = tl.sum(o * do, axis=1)
-    if HAS_DLSE:   # a gradient on lse adds P ∘ dlse to dS: the same as D - dlse
-        delta -= tl.load(DLSE + row, mask=in_rows, other=0.0)
-    tl.store(Delta + row, delta, mask=in_rows)
-    lse = tl.load(LSE + row, mask=in_rows, other=0.0)
-    tl.store(LSE2 + row, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), mask=in_rows)
 
 
 @triton.jit
@@ -234,16 +207,17 @@ def dq_inner(dq, q, do, lse2, Di, K, V,
 
 
 @triton.jit
-def bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
+def bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, O, LSE, DLSE,
             stride_qb, stride_qh, stride_qm, stride_qd,
             stride_kb, stride_kh, stride_kn, stride_kd,
             stride_vb, stride_vh, stride_vn, stride_vd,
             stride_dob, stride_doh, stride_dom, stride_dod,
             stride_gb, stride_gh, stride_gm, stride_gd,
+            stride_ob, stride_oh, stride_om, stride_od,
             H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
             HEAD_DIM: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            PRECISION: tl.constexpr):
+            PRECISION: tl.constexpr, HAS_DLSE: tl.constexpr):
     pid_m = tl.program_id(0)
     if HAS_RIGHT:   # causal-like: the last query blocks see the most keys; start them first
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -261,8 +235,17 @@ def bwd_dq(Q, K, V, DO, LSE2, Delta, DQ,
     do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                  mask=qd_mask, other=0.0)
     row = (b * H + h) * N_Q + offs_m
-    lse2 = tl.load(LSE2 + row, mask=in_rows, other=float("inf"))   # rows past N_Q: P = 0
-    Di = tl.load(Delta + row, mask=in_rows, other=0.0)
+    # this program owns these query rows: it computes their D and base-2 lse here, for itself and for the
+    # dK/dV pass that runs after it (no separate preprocess kernel, no second read of dO)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=qd_mask, other=0.0)
+    lse = tl.load(LSE + row, mask=in_rows, other=float("-inf"))        # rows past N_Q: lse2 = +inf, P = 0
+    dlse = 0.0
+    if HAS_DLSE:
+        dlse = tl.load(DLSE + row, mask=in_rows, other=0.0)
+    lse2, Di = row_terms(o, do, lse, dlse, HAS_DLSE)
+    tl.store(Delta + row, Di, mask=in_rows)
+    tl.store(LSE2 + row, lse2, mask=in_rows)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
     # Keys that some row of this block sees: [lo, hi); all rows see [full_lo, full_hi).
@@ -328,7 +311,7 @@ def block_d(head_dim: int) -> int:
 
 def gpu_configs(spec, itemsize: int, tensors=()):
     """``(dkdv, dq)`` GPU tiles for ``spec``: ``WS_CONFIGS``' where ``bwd_ws`` takes the problem and its
-    ``tensors`` (q, k, v, dO), ``GPU_CONFIGS``' otherwise."""
+    ``tensors`` (q, k, v, dO, O), ``GPU_CONFIGS``' otherwise."""
     key = (block_d(spec.head_dim), itemsize)
     ws = WS_CONFIGS.get(key, (None, None))
     return tuple(w if w is not None and tensors and bwd_ws.eligible(spec, w, tensors) else p
@@ -337,7 +320,7 @@ def gpu_configs(spec, itemsize: int, tensors=()):
 
 def configs(spec, dtype: torch.dtype | None = None, tensors=()):
     """``(dkdv, dq)`` tile configs, each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (a fifth entry,
-    true: warp-specialized).  ``tensors``, the call's q, k, v and dO, decide whether the warp-specialized
+    true: warp-specialized).  ``tensors``, the call's q, k, v, dO and O, decide whether the warp-specialized
     tiles can run; without them the plain tiles are the answer."""
     if not ON_GPU:
         return CPU_CONFIG
@@ -346,12 +329,13 @@ def configs(spec, dtype: torch.dtype | None = None, tensors=()):
 
 
 def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
-    """Check and prepare one backward call; return ``(preprocess, dkdv, dq, grads)``.
+    """Check and prepare one backward call; return ``(dq, dkdv, grads)``.
 
-    ``preprocess()`` fills D and the base-2 lse; ``dkdv(cfg)`` and ``dq(cfg)`` launch the two
-    gradient kernels with a tile config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (and
-    ``warmup=True`` only compiles them); ``grads`` is ``(dq, dk, dv)``, written by the launches,
-    in the dtype the kernels compute in.  ``tuner.tune_backward`` times each alone.
+    ``dq(cfg)`` and ``dkdv(cfg)`` launch the two gradient kernels with a tile config
+    ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (and ``warmup=True`` only compiles them).  The dQ
+    pass runs first: it also stores D and the base-2 lse of its rows, which the dK/dV pass reads.
+    ``grads`` is ``(dq, dk, dv)``, written by the launches, in the dtype the kernels compute in.
+    ``tuner.tune_backward`` times each alone.
     """
     if spec.head_dim > MAX_HEAD_DIM:
         raise ValueError(f"the Triton backward supports head dims up to {MAX_HEAD_DIM}, got {spec.head_dim}")
@@ -366,15 +350,9 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
     precision = "ieee" if q.dtype == torch.float32 else "tf32"   # fp32 dots stay fp32 (not TF32)
 
     lse = lse.detach().to(torch.float32).contiguous()
-    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    lse2 = torch.empty_like(delta)
+    delta = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)   # D, written by the dQ pass
+    lse2 = torch.empty_like(delta)                                          # lse in base 2, likewise
     dlse_arg = dlse.detach().to(torch.float32).contiguous() if dlse is not None else delta
-    pre_m = 64 if ON_GPU else 16
-
-    def preprocess():
-        bwd_preprocess[(triton.cdiv(Nq, pre_m), B * H)](
-            o, do, lse, dlse_arg, delta, lse2, *o.stride(), *do.stride(), H, Nq,
-            HEAD_DIM=D, HAS_DLSE=dlse is not None, BLOCK_M=pre_m, BLOCK_D=BD)
 
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -382,11 +360,11 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
     common = (q, k, v, do, lse2, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     scalars = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E, max(spec.left, 0), max(spec.right, 0))
-    consts = dict(HEAD_DIM=D, HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0, BLOCK_D=BD, PRECISION=precision)
+    masks = dict(HEAD_DIM=D, HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0, PRECISION=precision)
 
     def launch(kernel, grid, args, cfg, warmup, **kw):
         bm, bn, warps, stages = cfg[:4]
-        kw.update(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        kw.update(masks, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         if ON_GPU and "WARP_SPECIALIZE" in kw:
             triton.set_allocator(descriptor_scratch)   # the kernel builds tensor descriptors
         if warmup:
@@ -396,28 +374,27 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
 
     # a config's fifth entry, when true, asks for the warp-specialized kernel (bwd_ws), which only takes
     # problems whose tiles are whole; the others run the kernels above
-    ws_args = (H, Hkv, Nq, Nk, spec.scale, spec.scale * LOG2E, max(spec.left, 0), max(spec.right, 0))
-    ws_consts = dict(HEAD_DIM=D, HAS_LEFT=spec.left >= 0, HAS_RIGHT=spec.right >= 0, PRECISION=precision,
-                     WARP_SPECIALIZE=ON_GPU)
-
     def warp_specialized(cfg):
-        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, (q, k, v, do))
+        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, (q, k, v, do, o))
 
     def dkdv_launch(cfg, warmup=False):
         grid = (triton.cdiv(Nk, cfg[1]), B * Hkv)
         if warp_specialized(cfg):
-            launch(bwd_ws.bwd_dkdv_ws, grid, (*common, dk, dv, *ws_args), cfg, warmup, **ws_consts)
+            launch(bwd_ws.bwd_dkdv_ws, grid, (*common, dk, dv, *scalars), cfg, warmup, WARP_SPECIALIZE=ON_GPU)
         else:
-            launch(bwd_dkdv, grid, (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup, **consts)
+            launch(bwd_dkdv, grid, (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup, BLOCK_D=BD)
 
     def dq_launch(cfg, warmup=False):
         grid = (triton.cdiv(Nq, cfg[0]), B * H)
+        row_inputs = (o, lse, dlse_arg)
         if warp_specialized(cfg):
-            launch(bwd_ws.bwd_dq_ws, grid, (*common, dq, *ws_args), cfg, warmup, **ws_consts)
+            launch(bwd_ws.bwd_dq_ws, grid, (*common, dq, *row_inputs, *scalars), cfg, warmup,
+                   WARP_SPECIALIZE=ON_GPU, HAS_DLSE=dlse is not None)
         else:
-            launch(bwd_dq, grid, (*common, dq, *strides, *dq.stride(), *scalars), cfg, warmup, **consts)
+            launch(bwd_dq, grid, (*common, dq, *row_inputs, *strides, *dq.stride(), *o.stride(), *scalars), cfg,
+                   warmup, BLOCK_D=BD, HAS_DLSE=dlse is not None)
 
-    return preprocess, dkdv_launch, dq_launch, (dq, dk, dv)
+    return dq_launch, dkdv_launch, (dq, dk, dv)
 
 
 def triton_backward(q, k, v, o, lse, do, spec, dlse=None, config=None):
@@ -428,9 +405,8 @@ def triton_backward(q, k, v, o, lse, do, spec, dlse=None, config=None):
     ``(dkdv, dq)`` of ``(BLOCK_M, BLOCK_N, num_warps, num_stages)``.
     Deterministic: the same inputs give bit-identical gradients.
     """
-    preprocess, dkdv, dq, grads = make_launcher(q, k, v, o, lse, do, spec, dlse)
-    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype, (q, k, v, do))
-    preprocess()
+    dq, dkdv, grads = make_launcher(q, k, v, o, lse, do, spec, dlse)
+    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype, (q, k, v, do, o))
+    dq(cfg_q)      # first: it also writes D and the base-2 lse that the dK/dV pass reads
     dkdv(cfg_kv)
-    dq(cfg_q)
     return tuple(g.to(q.dtype) for g in grads)

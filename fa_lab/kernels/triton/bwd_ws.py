@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from fa_lab.kernels.triton.key_ranges import visible_range
+from fa_lab.kernels.triton.row_terms import row_terms
 
 
 @triton.jit
@@ -93,11 +94,12 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, Di, keep, qk_scale, MASKED: tl.constexp
 
 
 @triton.jit
-def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
+def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, O, LSE, DLSE, H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """Grid (query blocks, batch · heads): dQ += dS K over the key blocks the query block sees."""
+              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """Grid (query blocks, batch · heads): dQ += dS K over the key blocks the query block sees.  It runs
+    first and also stores D and the base-2 lse of its rows for the dK/dV pass."""
     bh = tl.program_id(1)
     q_rows = tl.num_programs(1) * N_Q
     kv_rows = tl.num_programs(1) // (H // HKV) * N_K
@@ -111,8 +113,15 @@ def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, H, HKV, N_Q, N_K, sm_scale, qk_scale
     desc_v = tl.make_tensor_descriptor(V, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
     q = desc_q.load([q_row, 0])
     do = desc_do.load([q_row, 0])
-    lse2 = tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M]).load([q_row])
-    Di = tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M]).load([q_row])
+    o = tl.make_tensor_descriptor(O, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).load([q_row, 0])
+    lse = tl.make_tensor_descriptor(LSE, [q_rows], [1], [BLOCK_M]).load([q_row])
+    dlse = 0.0
+    if HAS_DLSE:
+        dlse = tl.make_tensor_descriptor(DLSE, [q_rows], [1], [BLOCK_M]).load([q_row])
+    lse2, Di = row_terms(o, do, lse, dlse, HAS_DLSE)
+    # through descriptors, as every store of these kernels (see bwd_dkdv_ws)
+    tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M]).store([q_row], lse2)
+    tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M]).store([q_row], Di)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # the keys some row of the block sees, [lo, hi), in whole key blocks; one loop (see bwd_dkdv_ws)
     lo, hi, _, _ = visible_range(start=start_m, n_rows=N_Q, n_cols=N_K, left=WIN_LEFT, right=WIN_RIGHT,
