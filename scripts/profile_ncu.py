@@ -146,8 +146,7 @@ def build(name: str):
         tiles = bwd.configs(spec, q.dtype, (q, k, v, do))
         info["config"] = dict(zip(("bwd_dkdv", "bwd_dq"), tiles))
         # a tile with a fifth entry runs the warp-specialized kernel (bwd_ws), whose name starts the same
-        kernels = [(bwd_ws.bwd_dkdv_ws if len(tiles[0]) > 4 else bwd.bwd_dkdv),
-                   (bwd_ws.bwd_dq_ws if len(tiles[1]) > 4 else bwd.bwd_dq)]
+        kernels = [(bwd_ws.bwd_dkdv_ws if len(tiles[0]) > 4 else bwd.bwd_dkdv), bwd.bwd_dq]
         return (lambda: bwd.triton_backward(q, k, v, o, lse, do, spec)), info, \
             _new_kernels(dict(zip(("bwd_dkdv", "bwd_dq"), kernels)))
     if c["impl"] == "numba_tiled":

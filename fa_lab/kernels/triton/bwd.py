@@ -311,7 +311,7 @@ def block_d(head_dim: int) -> int:
 
 def gpu_configs(spec, itemsize: int, tensors=()):
     """``(dkdv, dq)`` GPU tiles for ``spec``: ``WS_CONFIGS``' where ``bwd_ws`` takes the problem and its
-    ``tensors`` (q, k, v, dO, O), ``GPU_CONFIGS``' otherwise."""
+    ``tensors`` (q, k, v, dO), ``GPU_CONFIGS``' otherwise."""
     key = (block_d(spec.head_dim), itemsize)
     ws = WS_CONFIGS.get(key, (None, None))
     return tuple(w if w is not None and tensors and bwd_ws.eligible(spec, w, tensors) else p
@@ -320,7 +320,7 @@ def gpu_configs(spec, itemsize: int, tensors=()):
 
 def configs(spec, dtype: torch.dtype | None = None, tensors=()):
     """``(dkdv, dq)`` tile configs, each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (a fifth entry,
-    true: warp-specialized).  ``tensors``, the call's q, k, v, dO and O, decide whether the warp-specialized
+    true: warp-specialized).  ``tensors``, the call's q, k, v and dO, decide whether the warp-specialized
     tiles can run; without them the plain tiles are the answer."""
     if not ON_GPU:
         return CPU_CONFIG
@@ -372,10 +372,10 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
         else:
             kernel[grid](*args, **kw)
 
-    # a config's fifth entry, when true, asks for the warp-specialized kernel (bwd_ws), which only takes
-    # problems whose tiles are whole; the others run the kernels above
+    # a dK/dV config's fifth entry, when true, asks for the warp-specialized kernel (bwd_ws), which only
+    # takes problems whose tiles are whole; the others run the kernel above
     def warp_specialized(cfg):
-        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, (q, k, v, do, o))
+        return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, (q, k, v, do))
 
     def dkdv_launch(cfg, warmup=False):
         grid = (triton.cdiv(Nk, cfg[1]), B * Hkv)
@@ -385,14 +385,11 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
             launch(bwd_dkdv, grid, (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup, BLOCK_D=BD)
 
     def dq_launch(cfg, warmup=False):
+        # no warp-specialized dQ pass: with D and the lse computed before its loop, Triton 3.6's split
+        # fails to compile, and split it was not faster (docs/decisions/one-pass-backward.md)
         grid = (triton.cdiv(Nq, cfg[0]), B * H)
-        row_inputs = (o, lse, dlse_arg)
-        if warp_specialized(cfg):
-            launch(bwd_ws.bwd_dq_ws, grid, (*common, dq, *row_inputs, *scalars), cfg, warmup,
-                   WARP_SPECIALIZE=ON_GPU, HAS_DLSE=dlse is not None)
-        else:
-            launch(bwd_dq, grid, (*common, dq, *row_inputs, *strides, *dq.stride(), *o.stride(), *scalars), cfg,
-                   warmup, BLOCK_D=BD, HAS_DLSE=dlse is not None)
+        launch(bwd_dq, grid, (*common, dq, o, lse, dlse_arg, *strides, *dq.stride(), *o.stride(), *scalars), cfg,
+               warmup, BLOCK_D=BD, HAS_DLSE=dlse is not None)
 
     return dq_launch, dkdv_launch, (dq, dk, dv)
 
@@ -406,7 +403,7 @@ def triton_backward(q, k, v, o, lse, do, spec, dlse=None, config=None):
     Deterministic: the same inputs give bit-identical gradients.
     """
     dq, dkdv, grads = make_launcher(q, k, v, o, lse, do, spec, dlse)
-    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype, (q, k, v, do, o))
+    cfg_kv, cfg_q = config or configs(spec, grads[0].dtype, (q, k, v, do))
     dq(cfg_q)      # first: it also writes D and the base-2 lse that the dK/dV pass reads
     dkdv(cfg_kv)
     return tuple(g.to(q.dtype) for g in grads)

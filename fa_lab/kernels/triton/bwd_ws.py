@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 from fa_lab.kernels.triton.key_ranges import visible_range
-from fa_lab.kernels.triton.row_terms import row_terms
 
 
 @triton.jit
@@ -93,60 +92,6 @@ def dkdv_tile(dk, dv, k, v, q, do, lse2, Di, keep, qk_scale, MASKED: tl.constexp
     return dk, dv
 
 
-@triton.jit
-def bwd_dq_ws(Q, K, V, DO, LSE2, Delta, DQ, O, LSE, DLSE, H, HKV, N_Q, N_K, sm_scale, qk_scale, WIN_LEFT, WIN_RIGHT,
-              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-              PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, HAS_DLSE: tl.constexpr):
-    """Grid (query blocks, batch · heads): dQ += dS K over the key blocks the query block sees.  It runs
-    first and also stores D and the base-2 lse of its rows for the dK/dV pass."""
-    bh = tl.program_id(1)
-    q_rows = tl.num_programs(1) * N_Q
-    kv_rows = tl.num_programs(1) // (H // HKV) * N_K
-    start_m = tl.program_id(0) * BLOCK_M
-    if HAS_RIGHT:   # causal-like: the last query blocks see the most keys; start them first
-        start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
-    q_row = bh * N_Q + start_m
-    desc_q = tl.make_tensor_descriptor(Q, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    desc_do = tl.make_tensor_descriptor(DO, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    desc_k = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-    desc_v = tl.make_tensor_descriptor(V, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM])
-    q = desc_q.load([q_row, 0])
-    do = desc_do.load([q_row, 0])
-    o = tl.make_tensor_descriptor(O, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).load([q_row, 0])
-    lse = tl.make_tensor_descriptor(LSE, [q_rows], [1], [BLOCK_M]).load([q_row])
-    dlse = 0.0
-    if HAS_DLSE:
-        dlse = tl.make_tensor_descriptor(DLSE, [q_rows], [1], [BLOCK_M]).load([q_row])
-    lse2, Di = row_terms(o, do, lse, dlse, HAS_DLSE)
-    # through descriptors, as every store of these kernels (see bwd_dkdv_ws)
-    tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M]).store([q_row], lse2)
-    tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M]).store([q_row], Di)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    # the keys some row of the block sees, [lo, hi), in whole key blocks; one loop (see bwd_dkdv_ws)
-    lo, hi, _, _ = visible_range(start=start_m, n_rows=N_Q, n_cols=N_K, left=WIN_LEFT, right=WIN_RIGHT,
-                                 BLOCK=BLOCK_M, HAS_LEFT=HAS_LEFT, HAS_RIGHT=HAS_RIGHT)
-    lo = lo // BLOCK_N * BLOCK_N
-    first = (bh // H * HKV + bh % H // (H // HKV)) * N_K      # this head's K/V head (GQA), its first row
-    diag = start_m + tl.arange(0, BLOCK_M) + (N_K - N_Q)       # the key each query row sits at
-    for row in tl.range(first + lo, first + hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = desc_k.load([row, 0])
-        v = desc_v.load([row, 0])
-        p = tl.math.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse2[:, None])
-        if HAS_LEFT or HAS_RIGHT:
-            cols = row - first + tl.arange(0, BLOCK_N)
-            keep = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
-            if HAS_LEFT:
-                keep = keep & (cols[None, :] >= diag[:, None] - WIN_LEFT)
-            if HAS_RIGHT:
-                keep = keep & (cols[None, :] <= diag[:, None] + WIN_RIGHT)
-            p = tl.where(keep, p, 0.0)
-        ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - Di[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.make_tensor_descriptor(DQ, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM]).store(
-        [q_row, 0], (dq * sm_scale).to(DQ.dtype.element_ty))
-
-
 def eligible(spec, cfg, tensors) -> bool:
     """Whether tile ``cfg`` (``BLOCK_M`` queries, ``BLOCK_N`` keys) covers the problem's sequences whole and
     ``tensors`` are row-major: the only problems these kernels take (a descriptor has no masked rows)."""
@@ -155,4 +100,4 @@ def eligible(spec, cfg, tensors) -> bool:
             and all(t.is_contiguous() for t in tensors))
 
 
-__all__ = ["bwd_dkdv_ws", "bwd_dq_ws", "eligible"]
+__all__ = ["bwd_dkdv_ws", "eligible"]

@@ -233,8 +233,8 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
 # The backward's tiles (chapter 5)
 
 #: tile candidates per padded head dim: (BLOCK_M, BLOCK_N, warps, stages), spill-free for sm_90 (Triton 3.6);
-#: a fifth entry, true, is a warp-specialized tile (``bwd_ws``: 4 warps that Triton splits into a producer
-#: and two consumer warpgroups; at 8 warps it does not split)
+#: a fifth entry, true, is a warp-specialized dK/dV tile (``bwd_ws``: 4 warps that Triton splits into a
+#: producer and two consumer warpgroups; at 8 warps it does not split)
 BWD_TUNE_CANDIDATES = {
     64: {"dkdv": [(64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 3), (64, 64, 4, 2),
                   (16, 128, 4, 3), (32, 64, 4, 3)],
@@ -243,7 +243,7 @@ BWD_TUNE_CANDIDATES = {
     128: {"dkdv": [(64, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3), (64, 64, 8, 2), (32, 64, 4, 2),
                    (64, 64, 8, 3), (64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 128, 4, 2, True)],
           "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 8, 2),
-                 (64, 64, 4, 2), (64, 32, 4, 3), (128, 64, 4, 2, True), (128, 128, 4, 2, True)]},
+                 (64, 64, 4, 2), (64, 32, 4, 3)]},
 }
 
 
