@@ -134,16 +134,9 @@ def apply_tuned(records):
     """Put each head dim's fastest plain tiles (summed over the tuned rows) into the backward's GPU_CONFIGS,
     and a warp-specialized tile into WS_CONFIGS where it beat the plain one."""
     tune_records = [r for r in records if r.get("section") == "tune"]
-    split = tuner.best_backward_tiles(tune_records, warp_specialized=True)
-    for D, plain in tuner.best_backward_tiles(tune_records).items():
+    for D, (plain, ws) in tuner.backward_tables(tune_records).items():
         key = (bwd.block_d(D), 2)
         bwd.GPU_CONFIGS[key] = plain
-
-        def total(tile):
-            return sum(r["ms"] for r in tune_records if r["head_dim"] == D and r.get("status") == "ok"
-                       and tuple(r["config"]) == tuple(tile))
-        ws = tuple(w if w is not None and total(w) < total(p) else None
-                   for w, p in zip(split.get(D, (None, None)), plain))
         bwd.WS_CONFIGS[key] = ws
         print(f"applied D={D}: dkdv {plain[0]} dq {plain[1]}, warp-specialized {ws}", flush=True)
 

@@ -113,3 +113,6 @@ def test_tuning_keeps_plain_and_warp_specialized_winners_apart():
     assert tuner.best_backward_tiles(records) == {128: ((64, 128, 8, 2), (128, 64, 8, 3))}
     assert tuner.best_backward_tiles(records, warp_specialized=True) == {128: ((64, 128, 4, 2, True),
                                                                               (128, 64, 4, 2, True))}
+    # the tables to ship: the split dK/dV tile beat the plain one (1.7 < 2.4 ms), the split dQ tile did not
+    assert tuner.backward_tables(records) == {128: (((64, 128, 8, 2), (128, 64, 8, 3)),
+                                                    ((64, 128, 4, 2, True), None))}

@@ -278,14 +278,9 @@ def tune_backward(q, k, v, o, lse, do, spec, candidates: dict | None = None, *, 
     return records
 
 
-def best_backward_tiles(records, *, warp_specialized: bool = False) -> dict[int, tuple[tuple, tuple]]:
-    """``{head_dim: (dkdv tile, dq tile)}``: per head dim and kernel, the tile with the least time
-    summed over the tuned rows, among the tiles that ran on all of them; the plain tiles, or with
-    ``warp_specialized`` the warp-specialized ones (a fifth entry, true).
-
-    Records need ``head_dim``, ``kernel``, ``config``, ``status`` and ``ms`` (``tune_backward``'s
-    records with the row's head dim added).
-    """
+def _fastest_tiles(records, warp_specialized: bool) -> dict[tuple[int, str], tuple[float, tuple]]:
+    """``{(head_dim, kernel): (summed ms, tile)}``: the least time summed over the tuned rows, among
+    the tiles of one kind that ran on the most rows."""
     import collections
 
     totals = collections.defaultdict(float)
@@ -295,14 +290,35 @@ def best_backward_tiles(records, *, warp_specialized: bool = False) -> dict[int,
             key = (r["head_dim"], r["kernel"], tuple(r["config"]))
             totals[key] += r["ms"]
             counts[key] += 1
-    best = {}
-    for d in sorted({key[0] for key in totals}):
-        tiles = []
-        for kernel in ("dkdv", "dq"):
-            ran = {key[2]: t for key, t in totals.items() if key[:2] == (d, kernel)}
-            most = max((counts[(d, kernel, tile)] for tile in ran), default=0)
-            if ran:
-                tiles.append(min((t, tile) for tile, t in ran.items() if counts[(d, kernel, tile)] == most)[1])
-        if len(tiles) == 2:  # both kernels have a tile that ran
-            best[d] = tuple(tiles)
-    return best
+    fastest = {}
+    for d, kernel in {key[:2] for key in totals}:
+        ran = {key[2]: t for key, t in totals.items() if key[:2] == (d, kernel)}
+        most = max(counts[(d, kernel, tile)] for tile in ran)
+        fastest[(d, kernel)] = min((t, tile) for tile, t in ran.items() if counts[(d, kernel, tile)] == most)
+    return fastest
+
+
+def best_backward_tiles(records, *, warp_specialized: bool = False) -> dict[int, tuple[tuple, tuple]]:
+    """``{head_dim: (dkdv tile, dq tile)}``: per head dim and kernel, the tile with the least time
+    summed over the tuned rows, among the tiles that ran on all of them; the plain tiles, or with
+    ``warp_specialized`` the warp-specialized ones (a fifth entry, true).
+
+    Records need ``head_dim``, ``kernel``, ``config``, ``status`` and ``ms`` (``tune_backward``'s
+    records with the row's head dim added).
+    """
+    fastest = _fastest_tiles(records, warp_specialized)
+    return {d: (fastest[(d, "dkdv")][1], fastest[(d, "dq")][1])
+            for d in sorted({d for d, _ in fastest}) if (d, "dkdv") in fastest and (d, "dq") in fastest}
+
+
+def backward_tables(records) -> dict[int, tuple[tuple, tuple]]:
+    """``{head_dim: (plain tiles, split tiles)}`` for ``bwd.GPU_CONFIGS`` and ``bwd.WS_CONFIGS``: the
+    fastest plain ``(dkdv, dq)`` pair, and per kernel the fastest warp-specialized tile where its summed
+    time beat the plain tile's over the same rows (None elsewhere)."""
+    plain, split = _fastest_tiles(records, False), _fastest_tiles(records, True)
+    tables = {}
+    for d, tiles in best_backward_tiles(records).items():
+        ws = tuple(split[(d, kernel)][1] if (d, kernel) in split and split[(d, kernel)][0] < plain[(d, kernel)][0]
+                   else None for kernel in ("dkdv", "dq"))
+        tables[d] = (tiles, ws)
+    return tables
