@@ -1,21 +1,26 @@
-"""Does Triton warp-specialize the backward's loops on Hopper?  Compiled for sm_90, no GPU needed.
+"""Which attention loops does Triton warp-specialize on Hopper?  Compiled for sm_90, no GPU needed.
 
-    python scripts/compile_ws_backward.py
+    python scripts/compile_ws_loops.py
 
-Compiles three loops, each written the way Triton's warp specialization needs them (tensor descriptors
-built in the kernel, one loop with no mask, ``tl.range(..., warp_specialize=True)``), bf16, D = 128:
+Compiles the backward's loops and the forward's causal loop, each written the way Triton's warp
+specialization needs them (tensor descriptors built in the kernel, ``tl.range(..., warp_specialize=True)``),
+bf16, D = 128:
 
 * ``dkdv``: the K/V-stationary pass, dV += Pᵀ dO and dK += dSᵀ Q (4 products a query block);
 * ``dq``: the Q-stationary pass, dQ += dS K (3 products a key block);
 * ``one_pass``: ``dkdv`` that also adds each query block's dQ into an fp32 buffer by a TMA reduce-add;
 * ``dkdv_causal_one_loop``: ``dkdv`` under a causal mask, one loop over the query blocks that see the key
   block with the mask applied to every tile; ``dkdv_causal_two_loops``: the diagonal blocks masked in a
-  loop of their own, the rest in the warp-specialized loop without a mask.
+  loop of their own, the rest in the warp-specialized loop without a mask;
+* ``fwd_causal_one_loop``: the forward (S = Q Kᵀ, online softmax, O += P V) of one query block under a
+  causal mask, one loop over the key blocks it sees with the mask on every tile; ``fwd_causal_two_loops``:
+  the blocks left of the diagonal unmasked in the warp-specialized loop, the diagonal block in a loop of
+  its own.
 
 For each tile it prints whether the compiler split the loop into partitions (``ttg.warp_specialize``
 in the TTGIR), the warps a program then has, the ``setmaxnreg`` instructions in the PTX and the
 shared memory.  Nothing runs: whether a split loop is correct and fast is a GPU measurement
-(``docs/decisions/one-pass-backward.md``).
+(``docs/decisions/one-pass-backward.md``, ``docs/decisions/warp-specialization.md``).
 """
 from __future__ import annotations
 
@@ -35,9 +40,14 @@ HOPPER = GPUTarget("cuda", 90, 32)
 TILES = [("dkdv", 64, 128, 4, 2), ("dkdv", 32, 128, 4, 2), ("dkdv", 64, 64, 4, 2), ("dkdv", 128, 64, 4, 2),
          ("dkdv", 128, 128, 4, 2), ("dkdv", 64, 128, 8, 2), ("dq", 64, 128, 4, 2), ("dq", 128, 64, 4, 2),
          ("dq", 128, 128, 4, 2), ("one_pass", 64, 128, 4, 2), ("one_pass", 64, 128, 8, 2),
-         ("dkdv_causal_one_loop", 64, 128, 4, 2), ("dkdv_causal_two_loops", 64, 128, 4, 2)]
-#: the dK/dV loop under a causal mask: one loop, the mask on every tile; or the diagonal in a loop of its own
-CAUSAL_VARIANTS = {"dkdv_causal_one_loop": 1, "dkdv_causal_two_loops": 2}
+         ("dkdv_causal_one_loop", 64, 128, 4, 2), ("dkdv_causal_two_loops", 64, 128, 4, 2),
+         ("fwd_causal_one_loop", 128, 128, 4, 2), ("fwd_causal_one_loop", 128, 64, 4, 2),
+         ("fwd_causal_one_loop", 128, 64, 4, 3), ("fwd_causal_one_loop", 64, 128, 4, 2),
+         ("fwd_causal_one_loop", 128, 128, 8, 2), ("fwd_causal_two_loops", 128, 128, 4, 2),
+         ("fwd_causal_two_loops", 128, 64, 4, 2)]
+#: a loop under a causal mask: one loop, the mask on every tile; or the diagonal in a loop of its own
+CAUSAL_VARIANTS = {"dkdv_causal_one_loop": 1, "dkdv_causal_two_loops": 2,
+                   "fwd_causal_one_loop": 1, "fwd_causal_two_loops": 2}
 
 
 @triton.jit
@@ -123,8 +133,62 @@ def dq_loop(Q, K, V, DO, LSE2, Delta, DQ, N, qk_scale, sm_scale,
     dq_desc.store([m0, 0], (dq * sm_scale).to(tl.bfloat16))
 
 
+@triton.jit
+def fwd_tile(acc, l_i, m_i, q, k_desc, v_desc, row0, start_n, offs_m, qk_scale,
+             BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    k = k_desc.load([row0 + start_n, 0])
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASKED:   # causal: query i sees key j <= i
+        s = tl.where(start_n + tl.arange(0, BLOCK_N)[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_ij = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.math.exp2(s - m_ij[:, None])
+    alpha = tl.math.exp2(m_i - m_ij)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = v_desc.load([row0 + start_n, 0])
+    acc = tl.dot(p.to(tl.bfloat16), v, acc * alpha[:, None])
+    return acc, l_i, m_ij
+
+
+@triton.jit
+def fwd_loop(Q, K, V, O, N, qk_scale,
+             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+             CAUSAL: tl.constexpr):
+    # one query block of one (batch, head); CAUSAL 1: the key blocks up to the diagonal in one loop, the
+    # mask on every tile; 2: the blocks left of the diagonal unmasked (split), the diagonal in a loop of its own
+    m0 = tl.program_id(0) * BLOCK_M
+    rows = tl.num_programs(1) * N
+    row0 = tl.program_id(1) * N
+    q_desc = tl.make_tensor_descriptor(Q, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    k_desc = tl.make_tensor_descriptor(K, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    v_desc = tl.make_tensor_descriptor(V, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    q = q_desc.load([row0 + m0, 0])
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    if CAUSAL == 1:
+        for start_n in tl.range(0, m0 + BLOCK_M, BLOCK_N, warp_specialize=True, num_stages=STAGES):
+            acc, l_i, m_i = fwd_tile(acc, l_i, m_i, q, k_desc, v_desc, row0, start_n, offs_m, qk_scale,
+                                     BLOCK_N=BLOCK_N, MASKED=True)
+    else:
+        for start_n in tl.range(0, m0, BLOCK_N, warp_specialize=True, num_stages=STAGES):
+            acc, l_i, m_i = fwd_tile(acc, l_i, m_i, q, k_desc, v_desc, row0, start_n, offs_m, qk_scale,
+                                     BLOCK_N=BLOCK_N, MASKED=False)
+        for start_n in range(m0, m0 + BLOCK_M, BLOCK_N):
+            acc, l_i, m_i = fwd_tile(acc, l_i, m_i, q, k_desc, v_desc, row0, start_n, offs_m, qk_scale,
+                                     BLOCK_N=BLOCK_N, MASKED=True)
+    o_desc = tl.make_tensor_descriptor(O, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    o_desc.store([row0 + m0, 0], (acc / l_i[:, None]).to(tl.bfloat16))
+
+
 def compile_loop(loop: str, block_m: int, block_n: int, warps: int, stages: int):
     """The loop compiled for sm_90 (``triton.compile``'s CompiledKernel); raises what the compiler raises."""
+    if loop.startswith("fwd"):
+        signature = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", N="i32", qk_scale="fp32", D="constexpr",
+                         BLOCK_M="constexpr", BLOCK_N="constexpr", STAGES="constexpr", CAUSAL="constexpr")
+        constexprs = dict(D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=CAUSAL_VARIANTS[loop])
+        return triton.compile(ASTSource(fn=fwd_loop, signature=signature, constexprs=constexprs), target=HOPPER,
+                              options={"num_warps": warps, "num_stages": stages})
     fn = dq_loop if loop == "dq" else dkdv_loop
     signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "DO": "*bf16", "LSE2": "*fp32", "Delta": "*fp32"}
     signature.update({"DQ": "*bf16"} if loop == "dq" else {"DK": "*bf16", "DV": "*bf16", "DQ": "*fp32"})
