@@ -51,6 +51,12 @@ CAUSAL_VARIANTS = {"dkdv_causal_one_loop": 1, "dkdv_causal_two_loops": 2,
 
 
 @triton.jit
+def stacked(X, rows, D: tl.constexpr, BLOCK: tl.constexpr):
+    """A descriptor over every head's rows stacked, (B·H·N, D), in tiles of BLOCK rows."""
+    return tl.make_tensor_descriptor(X, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK, D])
+
+
+@triton.jit
 def dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
               qk_scale, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ONE_PASS: tl.constexpr):
     q = q_desc.load([row0 + start_m, 0])
@@ -78,13 +84,13 @@ def dkdv_loop(Q, K, V, DO, LSE2, Delta, DK, DV, DQ, N, qk_scale, sm_scale,
     start_n = tl.program_id(0) * BLOCK_N
     rows = tl.num_programs(1) * N
     row0 = tl.program_id(1) * N
-    q_desc = tl.make_tensor_descriptor(Q, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
-    do_desc = tl.make_tensor_descriptor(DO, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
-    k_desc = tl.make_tensor_descriptor(K, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-    v_desc = tl.make_tensor_descriptor(V, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    q_desc = stacked(Q, rows, D, BLOCK_M)
+    do_desc = stacked(DO, rows, D, BLOCK_M)
+    k_desc = stacked(K, rows, D, BLOCK_N)
+    v_desc = stacked(V, rows, D, BLOCK_N)
     lse_desc = tl.make_tensor_descriptor(LSE2, shape=[rows], strides=[1], block_shape=[BLOCK_M])
     delta_desc = tl.make_tensor_descriptor(Delta, shape=[rows], strides=[1], block_shape=[BLOCK_M])
-    dq_desc = tl.make_tensor_descriptor(DQ, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    dq_desc = stacked(DQ, rows, D, BLOCK_M)
     k = k_desc.load([row0 + start_n, 0])
     v = v_desc.load([row0 + start_n, 0])
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -101,8 +107,8 @@ def dkdv_loop(Q, K, V, DO, LSE2, Delta, DK, DV, DQ, N, qk_scale, sm_scale,
     for start_m in tl.range(lo, N, BLOCK_M, warp_specialize=True, num_stages=STAGES):
         dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
                            qk_scale, BLOCK_M=BLOCK_M, MASKED=CAUSAL == 1, ONE_PASS=ONE_PASS)
-    dk_desc = tl.make_tensor_descriptor(DK, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-    dv_desc = tl.make_tensor_descriptor(DV, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    dk_desc = stacked(DK, rows, D, BLOCK_N)
+    dv_desc = stacked(DV, rows, D, BLOCK_N)
     dk_desc.store([row0 + start_n, 0], (dk * sm_scale).to(tl.bfloat16))
     dv_desc.store([row0 + start_n, 0], dv.to(tl.bfloat16))
 
@@ -113,10 +119,10 @@ def dq_loop(Q, K, V, DO, LSE2, Delta, DQ, N, qk_scale, sm_scale,
     rows = tl.num_programs(1) * N
     row0 = tl.program_id(1) * N
     m0 = row0 + tl.program_id(0) * BLOCK_M
-    q_desc = tl.make_tensor_descriptor(Q, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
-    do_desc = tl.make_tensor_descriptor(DO, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
-    k_desc = tl.make_tensor_descriptor(K, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-    v_desc = tl.make_tensor_descriptor(V, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    q_desc = stacked(Q, rows, D, BLOCK_M)
+    do_desc = stacked(DO, rows, D, BLOCK_M)
+    k_desc = stacked(K, rows, D, BLOCK_N)
+    v_desc = stacked(V, rows, D, BLOCK_N)
     q = q_desc.load([m0, 0])
     do = do_desc.load([m0, 0])
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -129,7 +135,7 @@ def dq_loop(Q, K, V, DO, LSE2, Delta, DQ, N, qk_scale, sm_scale,
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         ds = p * (tl.dot(do, tl.trans(v)) - Di[:, None])
         dq += tl.dot(ds.to(tl.bfloat16), k)
-    dq_desc = tl.make_tensor_descriptor(DQ, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    dq_desc = stacked(DQ, rows, D, BLOCK_M)
     dq_desc.store([m0, 0], (dq * sm_scale).to(tl.bfloat16))
 
 
@@ -158,9 +164,9 @@ def fwd_loop(Q, K, V, O, N, qk_scale,
     m0 = tl.program_id(0) * BLOCK_M
     rows = tl.num_programs(1) * N
     row0 = tl.program_id(1) * N
-    q_desc = tl.make_tensor_descriptor(Q, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
-    k_desc = tl.make_tensor_descriptor(K, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-    v_desc = tl.make_tensor_descriptor(V, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+    q_desc = stacked(Q, rows, D, BLOCK_M)
+    k_desc = stacked(K, rows, D, BLOCK_N)
+    v_desc = stacked(V, rows, D, BLOCK_N)
     q = q_desc.load([row0 + m0, 0])
     offs_m = m0 + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -177,7 +183,7 @@ def fwd_loop(Q, K, V, O, N, qk_scale,
         for start_n in range(m0, m0 + BLOCK_M, BLOCK_N):
             acc, l_i, m_i = fwd_tile(acc, l_i, m_i, q, k_desc, v_desc, row0, start_n, offs_m, qk_scale,
                                      BLOCK_N=BLOCK_N, MASKED=True)
-    o_desc = tl.make_tensor_descriptor(O, shape=[rows, D], strides=[D, 1], block_shape=[BLOCK_M, D])
+    o_desc = stacked(O, rows, D, BLOCK_M)
     o_desc.store([row0 + m0, 0], (acc / l_i[:, None]).to(tl.bfloat16))
 
 
