@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "bench": "fa_lab.bench.cli",
     "correlate": "fa_lab.perf.cli",
     "tune": "fa_lab.bench.tune",
+    "recordings": "fa_lab.bench.recordings",
 }
 #: the package's mask vocabulary (``fa_lab.core.registry.ALL_MASKS``)
 MASKS = ("none", "causal", "window")

@@ -35,3 +35,21 @@ def test_fingerprint_follows_the_source(tmp_path, monkeypatch):
     assert before == records.fingerprint("gpu_ch1_2") and len(before) == 16
     assert records.fingerprint("gpu_notebooks") is None
     assert records.fingerprint("gpu_bench_h100_sweep") == records.fingerprint("gpu_bench_h100_latency")
+
+
+def test_fa_lab_recordings_names_the_stale_ones_and_their_commands(monkeypatch, capsys):
+    from fa_lab import cli
+
+    assert cli.main(["recordings"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in TIED) and "stale" not in listed
+    assert cli.main(["recordings", "--stale"]) == 0
+    assert capsys.readouterr().out.strip() == "every recording is current"
+
+    current = records.fingerprint
+    monkeypatch.setattr(records, "fingerprint", lambda name: "edited" if name == "gpu_ch5" else current(name))
+    assert cli.main(["recordings", "--stale"]) == 0
+    out = capsys.readouterr().out
+    meta, _ = records.read(DATA_DIR / "gpu_ch5.json")
+    assert out.splitlines()[0].startswith("gpu_ch5") and " stale " in out.splitlines()[0]
+    assert f"  {records.command(meta)}" in out.splitlines() and "gpu_ch4 " not in out

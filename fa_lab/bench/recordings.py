@@ -1,0 +1,57 @@
+"""List the shipped GPU recordings: device, date, complete or partial, current or stale, and how to remake them.
+
+A recording is stale once the code it measures has changed (``records.SOURCES``, the fingerprint in its
+meta); ``tests/test_recordings.py`` fails until it is made again.  After a kernel change,
+``fa-lab recordings --stale`` prints the commands to run on a GPU, one per stale recording.
+"""
+from __future__ import annotations
+
+
+def configure(parser) -> None:
+    parser.add_argument("--stale", action="store_true", help="only the stale recordings, and their commands")
+
+
+def status(name: str, meta: dict) -> str:
+    """'current', 'stale' (its code changed since) or 'untied' (it measures no source file of the package)."""
+    from fa_lab.bench import records
+
+    expected = records.fingerprint(name)
+    if expected is None:
+        return "untied"
+    return "current" if meta.get("sources") == expected else "stale"
+
+
+def rows() -> list[dict]:
+    """One row per recording in ``fa_lab/data``: name, status, partial, device, date, command."""
+    import json
+
+    from fa_lab.bench import records
+    from fa_lab.core.data import DATA_DIR
+
+    out = []
+    for name in records.available():
+        blob = json.loads((DATA_DIR / f"{name}.json").read_text())
+        if not (isinstance(blob, dict) and "meta" in blob and "records" in blob):   # tuned configs, not a recording
+            continue
+        meta, recs = blob["meta"], blob["records"]
+        out.append(dict(name=name, status=status(name, meta), partial=bool(meta.get("partial")),
+                        records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or "")[:10],
+                        command=records.command(meta)))
+    return out
+
+
+def run(args) -> int:
+    table = [r for r in rows() if r["status"] == "stale" or not args.stale]
+    if not table:
+        print("every recording is current" if args.stale else "no recordings")
+        return 0
+    width = max(len(r["name"]) for r in table)
+    for r in table:
+        extent = f"{r['records']} records{' (partial)' if r['partial'] else ''}"
+        print(f"{r['name']:<{width}}  {r['status']:<7}  {r['date']}  {r['device']}  {extent}")
+    stale = [r for r in table if r["status"] == "stale"]
+    if stale:
+        print("\nto record again, on a GPU, from the repository root:")
+        for command in dict.fromkeys(r["command"] for r in stale):   # one line per command, in order
+            print(f"  {command}")
+    return 0
