@@ -15,9 +15,10 @@ thread that runs the learner's code) and judge afterwards:
                          whatever zeros the allocator happened to return;
 - ``TritonDotCount``     the ``tl.dot`` calls the Triton interpreter runs (a chapter's check
                          turns them into the key tiles a kernel computed);
-- ``DescriptorsOnly``    every global load and store the Triton interpreter runs goes through a
-                         tensor descriptor, none through a pointer (``TritonMemoryOps`` counts them;
-                         both counters patch the interpreter through ``InterpreterPatch``).
+- ``DescriptorsOnly``    every global load and store of the learner's Triton kernel goes through a
+                         tensor descriptor, none through a pointer (``TritonMemoryOps`` counts them as
+                         the interpreter runs them, ``CompiledMemoryOps`` in the compiled code on a
+                         GPU; the counters patch Triton's classes through ``ClassPatch``).
 
 A check applies to the cases whose ``meta`` has ``structure=True`` (large enough that a
 tile is clearly smaller than Nq·Nk), unless it overrides ``applies``.  Kernel-style
@@ -263,9 +264,9 @@ class SimLoadBudget(StructureCheck):
                 + (self.why or "Stage each tile in shared memory once and reuse it from there."))
 
 
-class InterpreterPatch:
-    """Wraps methods of the Triton interpreter's builder while active: ``_wrap(name, make)`` replaces
-    ``InterpreterBuilder.name`` by ``make(original)``; ``stop()`` puts every original back (or use ``with``).
+class ClassPatch:
+    """Wraps methods of one of Triton's classes (``target()``) while active: ``_wrap(name, make)`` replaces
+    ``target().name`` by ``make(original)``; ``stop()`` puts every original back (or use ``with``).
 
     The patch runs inside the learner's call, so it lives here: the call watch reads code of this
     module as the checks' own instrumentation, and code of an exercise's module as its solution.
@@ -274,20 +275,22 @@ class InterpreterPatch:
     def __init__(self):
         self._originals = {}
 
-    def _wrap(self, name: str, make) -> None:
-        from triton.runtime.interpreter import InterpreterBuilder
+    @staticmethod
+    def target() -> type:
+        raise NotImplementedError
 
-        original = getattr(InterpreterBuilder, name, None)
-        if original is not None:   # a builder method this Triton release does not have counts nothing
+    def _wrap(self, name: str, make) -> None:
+        cls = self.target()
+        original = getattr(cls, name, None)
+        if original is not None:   # a method this Triton release does not have counts nothing
             self._originals[name] = original
-            setattr(InterpreterBuilder, name, make(original))
+            setattr(cls, name, make(original))
 
     def stop(self) -> None:
         if self._originals:
-            from triton.runtime.interpreter import InterpreterBuilder
-
+            cls = self.target()
             for name, original in self._originals.items():
-                setattr(InterpreterBuilder, name, original)
+                setattr(cls, name, original)
             self._originals = {}
 
     def __enter__(self):
@@ -295,6 +298,16 @@ class InterpreterPatch:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class InterpreterPatch(ClassPatch):
+    """A ``ClassPatch`` of the Triton interpreter's builder (the CPU world's ``tl`` operations)."""
+
+    @staticmethod
+    def target() -> type:
+        from triton.runtime.interpreter import InterpreterBuilder
+
+        return InterpreterBuilder
 
 
 class TritonDotCount(InterpreterPatch):
@@ -358,7 +371,7 @@ class TritonMemoryOps(InterpreterPatch):
         return self
 
 
-class CompiledMemoryOps:
+class CompiledMemoryOps(ClassPatch):
     """On a GPU: the global loads and stores in the compiled code (Triton IR) of every kernel launched
     while it is active, through pointers (``pointer``: ``tt.load``, ``tt.store``) and through tensor
     descriptors (``descriptor``).  Counted once per load or store in the code, not per execution: the
@@ -372,10 +385,16 @@ class CompiledMemoryOps:
     DESCRIPTOR = re.compile(r"\btt\.descriptor_(?:load|store)\b")
 
     def __init__(self):
+        super().__init__()
         self.pointer = 0
         self.descriptor = 0
         self._seen = set()
-        self._original = None
+
+    @staticmethod
+    def target() -> type:
+        from triton.runtime.jit import JITFunction
+
+        return JITFunction
 
     def add(self, kernel) -> None:
         """Count the loads and stores in one compiled kernel's IR (once per kernel object)."""
@@ -389,24 +408,15 @@ class CompiledMemoryOps:
             self.descriptor += len(self.DESCRIPTOR.findall(ttir))
 
     def start(self) -> "CompiledMemoryOps":
-        from triton.runtime.jit import JITFunction
+        def make(original):
+            def run(fn, *args, **kwargs):
+                kernel = original(fn, *args, **kwargs)
+                self.add(kernel)
+                return kernel
+            return run
 
-        original = self._original = JITFunction.run
-
-        def run(fn, *args, **kwargs):
-            kernel = original(fn, *args, **kwargs)
-            self.add(kernel)
-            return kernel
-
-        JITFunction.run = run
+        self._wrap("run", make)
         return self
-
-    def stop(self) -> None:
-        if self._original is not None:
-            from triton.runtime.jit import JITFunction
-
-            JITFunction.run = self._original
-            self._original = None
 
 
 class DescriptorsOnly(StructureCheck):
