@@ -21,7 +21,7 @@ import triton.language as tl
 
 import fa_lab
 import fa_lab.exercises.ch5_kernels  # noqa: F401  (the chapter's earlier exercises register first)
-from fa_lab.exercises.ch5_kernels import DKDV_MISTAKES, dkdv_reference, kernel_cases
+from fa_lab.exercises.ch5_kernels import DKDV_MISTAKES, F16, F32, dkdv_reference, kernel_cases
 from fa_lab.exercises.registry import Exercise, register_exercise
 from fa_lab.exercises.structure import DescriptorsOnly, NoQuadraticBuffer
 from fa_lab.kernels.triton.launch import descriptor_scratch
@@ -165,7 +165,6 @@ def split_report(kernel, *, head_dim: int = 128, causal: bool = True, tile=(64, 
 
 # --------------------------------------------------------------------------- cases
 
-F16, F32 = torch.float16, torch.float32
 SPLIT_SHAPES = fa_lab.pick(  # B, H, Hkv, Nq, Nk, D, causal, dtype, what the case is for: whole tiles only
     cpu=[(1, 1, 1, 16, 16, 16, False, F32, "one tile"),
          (1, 2, 1, 32, 32, 16, True, F16, "causal, 2 query heads per K/V head"),
