@@ -23,17 +23,15 @@ def status(name: str, meta: dict) -> str:
 
 def rows() -> list[dict]:
     """One row per recording in ``fa_lab/data``: name, status, partial, device, date, command."""
-    import json
-
     from fa_lab.bench import records
     from fa_lab.core.data import DATA_DIR
 
     out = []
     for name in records.available():
-        blob = json.loads((DATA_DIR / f"{name}.json").read_text())
-        if not (isinstance(blob, dict) and "meta" in blob and "records" in blob):   # tuned configs, not a recording
+        try:
+            meta, recs = records.read(DATA_DIR / f"{name}.json")
+        except (KeyError, TypeError):   # tuned launch configurations live there too: not a recording
             continue
-        meta, recs = blob["meta"], blob["records"]
         out.append(dict(name=name, status=status(name, meta), partial=bool(meta.get("partial")),
                         records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or "")[:10],
                         command=records.command(meta)))
