@@ -9,7 +9,7 @@ program to one real block of one sequence.  The modules, one idea each:
 ``schedule``       the work table: which (sequence, block) each program owns (built on the device)
 ``tiles``          tile loads, the mask and the modified scores (soft cap, ALiBi) the kernels share
 ``fwd_kernel``     the forward kernel (@triton.jit)
-``bwd_kernel``     the backward kernels: preprocess, dK/dV (K/V-stationary), dQ
+``bwd_kernel``     the backward kernels: dQ (with delta and the base-2 lse), then dK/dV
 ``configs``        launch configurations by head dim and dtype, in one place
 ``checks``         what the entry points check before any launch
 ``fwd``, ``bwd``   ``varlen_forward`` and ``varlen_backward``

@@ -1,12 +1,11 @@
-"""``varlen_backward``: check a packed backward call, build the work tables, launch the three kernels."""
+"""``varlen_backward``: check a packed backward call, build the work tables, launch the two kernels."""
 from __future__ import annotations
 
 import torch
-import triton
 
-from fa_lab.kernels.varlen.bwd_kernel import varlen_bwd_dkdv, varlen_bwd_dq, varlen_bwd_preprocess
+from fa_lab.kernels.varlen.bwd_kernel import varlen_bwd_dkdv, varlen_bwd_dq
 from fa_lab.kernels.varlen.checks import VarlenProblem, check_backward, check_varlen
-from fa_lab.kernels.varlen.configs import PREPROCESS_ROWS, backward_configs, block_d
+from fa_lab.kernels.varlen.configs import backward_configs, block_d
 from fa_lab.kernels.varlen.fwd import precision, score_constants, work_dtype
 from fa_lab.kernels.varlen.schedule import cached_schedule, n_programs
 
@@ -31,20 +30,27 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, p: VarlenProblem, 
     consts = dict(HEAD_DIM=D, BLOCK_D=BD, HAS_LEFT=p.left >= 0, HAS_RIGHT=p.right >= 0, SOFTCAP=p.softcap > 0,
                   ALIBI=slopes is not None, PRECISION=precision(work))
 
-    # 1. delta = rowsum(dO ∘ O) (- dlse) and the base-2 lse, (H, total_q) each
+    # delta = rowsum(dO ∘ O) (- dlse) and the base-2 lse, (H, total_q) each: written by the dQ pass
     lse = lse.detach().to(torch.float32).contiguous()
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
     dlse_arg = dlse.detach().to(torch.float32).contiguous() if dlse is not None else delta
-    varlen_bwd_preprocess[(triton.cdiv(p.total_q, PREPROCESS_ROWS), p.heads)](
-        o, do, lse, dlse_arg, delta, lse2, o.stride(0), o.stride(1), do.stride(0), do.stride(1), p.total_q,
-        HEAD_DIM=D, BLOCK_D=BD, BLOCK_M=PREPROCESS_ROWS, HAS_DLSE=dlse is not None)
 
     slope_args = (slopes, *slopes.stride()) if slopes is not None else (lse, 0, 0)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                do.stride(0), do.stride(1))
     scalars = (max(p.left, 0), max(p.right, 0), qk_scale, softcap, p.scale)
     cfg_kv, cfg_q = configs or backward_configs(D, work)
+
+    # 1. dQ, first: one program per query block and query head; it also writes delta and lse2
+    bm, bn, warps, stages = cfg_q
+    programs = n_programs(p.total_q, p.batch, bm)
+    schedule = cached_schedule(cu_seqlens_q, cu_seqlens_k, bm, programs, left=p.left, right=p.right)
+    varlen_bwd_dq[(programs, p.heads)](
+        q, k, v, do, lse2, delta, dq, o, lse, dlse_arg, cu_seqlens_q, cu_seqlens_k, schedule, slope_args[0],
+        *strides, dq.stride(0), dq.stride(1), o.stride(0), o.stride(1), *slope_args[1:], p.total_q, programs,
+        p.group, *scalars, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
+        HAS_DLSE=dlse is not None, **consts)
 
     # 2. dK, dV: one program per key block and K/V head
     bm, bn, warps, stages = cfg_kv
@@ -55,15 +61,6 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, p: VarlenProblem, 
         q, k, v, do, lse2, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, schedule, slope_args[0], *strides,
         dk.stride(0), dk.stride(1), dv.stride(0), dv.stride(1), *slope_args[1:], p.total_q, programs, p.group,
         *scalars, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts)
-
-    # 3. dQ: one program per query block and query head
-    bm, bn, warps, stages = cfg_q
-    programs = n_programs(p.total_q, p.batch, bm)
-    schedule = cached_schedule(cu_seqlens_q, cu_seqlens_k, bm, programs, left=p.left, right=p.right)
-    varlen_bwd_dq[(programs, p.heads)](
-        q, k, v, do, lse2, delta, dq, cu_seqlens_q, cu_seqlens_k, schedule, slope_args[0], *strides,
-        dq.stride(0), dq.stride(1), *slope_args[1:], p.total_q, programs, p.group, *scalars,
-        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **consts)
     return tuple(g if g.dtype == dtype else g.to(dtype) for g in (dq, dk, dv))
 
 

@@ -1,14 +1,14 @@
 """The packed variable-length FlashAttention-2 backward kernels (@triton.jit code only).
 
-Chapter 5's deterministic backward, one sequence at a time through the work table:
+Chapter 5's deterministic backward, one sequence at a time through the work table, in this order:
 
-1. ``varlen_bwd_preprocess``: ``delta = rowsum(dO ∘ O)`` per query row and head (minus ``dlse``
-   when the lse has a gradient), and the lse in base 2 (``+inf`` for a row that sees no key, so
-   that its recomputed P is 0).  It needs no sequence boundaries: one program per rows × head.
+1. ``varlen_bwd_dq``: **Q-stationary**.  A program owns one query block: dQ += dS K.  Owning those
+   rows, it first computes their ``delta = rowsum(dO ∘ O)`` (minus ``dlse`` when the lse has a
+   gradient) and the lse in base 2 (``+inf`` for a row that sees no key, so that its recomputed P is
+   0) with ``row_terms``, and stores both for the next kernel.
 2. ``varlen_bwd_dkdv``: **K/V-stationary**.  A program owns one key block of one sequence and
    one K/V head, keeps K, V, dK and dV on chip, and walks the query blocks that see the block
    for every query head of its GQA group: dV += Pᵀ dO, dK += dSᵀ Q.
-3. ``varlen_bwd_dq``: **Q-stationary**.  A program owns one query block: dQ += dS K.
 
 Every gradient element is written by one program: no atomics, bit-identical runs.  P is
 recomputed from Q, K and the saved lse; with a soft cap the chain rule goes through the tanh
@@ -20,30 +20,9 @@ import triton
 import triton.language as tl
 
 from fa_lab.kernels.triton.key_ranges import visible_range
+from fa_lab.kernels.triton.row_terms import row_terms
 from fa_lab.kernels.varlen.schedule import scheduled_block
 from fa_lab.kernels.varlen.tiles import load_rows, modified_scores, phase_bounds, visible
-
-
-@triton.jit
-def varlen_bwd_preprocess(O, DO, LSE, DLSE, DELTA, LSE2, stride_om, stride_oh, stride_dom, stride_doh, total_q,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                          HAS_DLSE: tl.constexpr):
-    """Grid ``(cdiv(total_q, BLOCK_M), H)``; DELTA and LSE2 are ``(H, total_q)`` like LSE."""
-    h = tl.program_id(1).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    rows_ok = offs_m < total_q
-    mask = rows_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    rows = offs_m.to(tl.int64)[:, None]
-    o = tl.load(O + rows * stride_om + h * stride_oh + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + rows * stride_dom + h * stride_doh + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-    delta = tl.sum(o * do, axis=1)
-    at = h * total_q + offs_m
-    if HAS_DLSE:   # a gradient on lse adds P ∘ dlse to dS: the same as subtracting it from delta
-        delta -= tl.load(DLSE + at, mask=rows_ok, other=0.0)
-    tl.store(DELTA + at, delta, mask=rows_ok)
-    lse = tl.load(LSE + at, mask=rows_ok, other=0.0)
-    tl.store(LSE2 + at, tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634), mask=rows_ok)
 
 
 @triton.jit
@@ -205,14 +184,15 @@ def dq_phase(dq, q, do, lse2, Di, K_seq, V_seq, start, stop, q_pos, offs_n, offs
 
 
 @triton.jit
-def varlen_bwd_dq(Q, K, V, DO, LSE2, DELTA, DQ, CU_Q, CU_K, SCHEDULE, SLOPES,
+def varlen_bwd_dq(Q, K, V, DO, LSE2, DELTA, DQ, O, LSE, DLSE, CU_Q, CU_K, SCHEDULE, SLOPES,
                   stride_qm, stride_qh, stride_km, stride_kh, stride_vm, stride_vh, stride_dom, stride_doh,
-                  stride_dqm, stride_dqh, stride_sb, stride_sh,
+                  stride_dqm, stride_dqh, stride_om, stride_oh, stride_sb, stride_sh,
                   total_q, n_programs, group, left, right, qk_scale, softcap, sm_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """Grid ``(programs over query blocks, H)``: dQ of one query block of one sequence."""
+                  PRECISION: tl.constexpr, HAS_DLSE: tl.constexpr):
+    """Grid ``(programs over query blocks, H)``: dQ of one query block of one sequence, and the block's
+    delta and base-2 lse, written to DELTA and LSE2 ``(H, total_q)`` for the dK/dV pass."""
     seq, block = scheduled_block(SCHEDULE, tl.program_id(0), n_programs)
     if seq < 0:
         return
@@ -231,8 +211,18 @@ def varlen_bwd_dq(Q, K, V, DO, LSE2, DELTA, DQ, CU_Q, CU_K, SCHEDULE, SLOPES,
     do = load_rows(DO + q_row * stride_dom + h * stride_doh, rows, stride_dom, offs_d, n_q - m0,
                    HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, CHECK_ROWS=True, TRANSPOSED=False)
     rows_ok = offs_m < n_q
-    lse2 = tl.load(LSE2 + h * total_q + q_start + offs_m, mask=rows_ok, other=float("inf"))   # past n_q: P = 0
-    Di = tl.load(DELTA + h * total_q + q_start + offs_m, mask=rows_ok, other=0.0)
+    # this program owns these rows: their delta and base-2 lse are computed here, for its own loop and for
+    # the dK/dV pass that runs after it (no separate kernel, no second read of dO)
+    o = load_rows(O + (q_start + m0).to(tl.int64) * stride_om + h * stride_oh, rows, stride_om, offs_d, n_q - m0,
+                  HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, CHECK_ROWS=True, TRANSPOSED=False)
+    at = h * total_q + q_start + offs_m
+    lse = tl.load(LSE + at, mask=rows_ok, other=float("-inf"))   # past n_q: lse2 = +inf, P = 0
+    dlse = 0.0
+    if HAS_DLSE:
+        dlse = tl.load(DLSE + at, mask=rows_ok, other=0.0)
+    lse2, Di = row_terms(o, do, lse, dlse, HAS_DLSE)
+    tl.store(DELTA + at, Di, mask=rows_ok)
+    tl.store(LSE2 + at, lse2, mask=rows_ok)
     slope = 0.0
     if ALIBI:
         slope = tl.load(SLOPES + seq * stride_sb + h * stride_sh)

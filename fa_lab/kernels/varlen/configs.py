@@ -51,9 +51,6 @@ BACKWARD = {
     (256, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
 }
 
-#: the preprocess kernel's rows per program (it streams O and dO once: any tile is fine)
-PREPROCESS_ROWS = 64 if ON_GPU else 16
-
 
 def block_d(head_dim: int) -> int:
     """The head dim padded to a power of two, at least 16 (the smallest Tensor Core tile)."""
