@@ -64,7 +64,7 @@ CASES = {
     "fwd_causal": dict(impl="triton", shape=(4, 16, 16, 4096, 4096, 128), dtype="bfloat16", causal=True,
                        kernels=("attn_fwd",)),
     "bwd_causal": dict(impl="triton_backward", shape=(4, 16, 16, 4096, 4096, 128), dtype="bfloat16", causal=True,
-                       kernels=("bwd_dkdv", "bwd_dq")),
+                       kernels=("bwd_dq", "bwd_dkdv", "bwd_dkdv_ws")),
     "numba_tiled": dict(impl="numba_tiled", shape=(4, 16, 16, 4096, 4096, 64), dtype="float32", causal=False,
                         kernels=("flash_attention_fwd",)),
     "decode": dict(impl="triton_decode", shape=(8, 32, 8, 1, 8192, 128), dtype="float16", causal=False,
@@ -84,9 +84,10 @@ CASES = {
 DEFAULT_CASES = ("fwd", "fwd_causal", "bwd_causal", "numba_tiled", "decode")
 #: ``--cases`` of the paged-cache study, written to ``fa_lab/data/profile_paged_decode``
 PAGED_STUDY = ("paged_3_stages_int64", "paged_5_stages_int64", "paged")
-#: kernels that may not run: decode merges its splits only when the heuristic splits
-OPTIONAL = {"combine_kernel"}
-KERNELS = "regex:attn_fwd|bwd_dkdv|bwd_dq|flash_attention_fwd|decode_split_kv|combine_kernel"
+#: kernels that may not run: decode merges its splits only when the heuristic splits; the backward runs one of
+#: its two dK/dV kernels, the warp-specialized one where its tile allows (``bwd_ws.eligible``)
+OPTIONAL = {"combine_kernel", "bwd_dkdv", "bwd_dkdv_ws"}
+KERNELS = "regex:attn_fwd|bwd_dkdv_ws|bwd_dkdv|bwd_dq|flash_attention_fwd|decode_split_kv|combine_kernel"
 SECTIONS = ["SpeedOfLight", "SpeedOfLight_RooflineChart", "MemoryWorkloadAnalysis", "MemoryWorkloadAnalysis_Tables",
             "MemoryWorkloadAnalysis_Chart", "ComputeWorkloadAnalysis", "WarpStateStats", "Occupancy", "LaunchStats",
             "SchedulerStats", "SourceCounters"]
@@ -145,10 +146,10 @@ def build(name: str):
         do = torch.randn_like(o)
         tiles = bwd.configs(spec, q.dtype, (q, k, v, do))
         info["config"] = dict(zip(("bwd_dkdv", "bwd_dq"), tiles))
-        # a tile with a fifth entry runs the warp-specialized kernel (bwd_ws), whose name starts the same
-        kernels = [(bwd_ws.bwd_dkdv_ws if len(tiles[0]) > 4 else bwd.bwd_dkdv), bwd.bwd_dq]
+        # a dK/dV tile with a fifth entry runs the warp-specialized kernel (bwd_ws)
+        dkdv = bwd_ws.bwd_dkdv_ws if len(tiles[0]) > 4 else bwd.bwd_dkdv
         return (lambda: bwd.triton_backward(q, k, v, o, lse, do, spec)), info, \
-            _new_kernels(dict(zip(("bwd_dkdv", "bwd_dq"), kernels)))
+            _new_kernels({"bwd_dq": bwd.bwd_dq, dkdv.__name__: dkdv})
     if c["impl"] == "numba_tiled":
         from fa_lab.kernels.numba import tiled
 

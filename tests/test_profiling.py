@@ -224,8 +224,10 @@ def test_stall_reasons_add_up_to_the_cycles_per_issued_instruction(profile, laun
     stalls = profile.stalls()
     head = launches.set_index("id")
     total = stalls.groupby("id")["cycles"].sum()
-    # ncu prints each of the ~20 ratios to two decimals: their sum may drift by up to 0.005 each
-    assert (total - head["warp_cycles_per_issue"]).abs().max() < 0.1
+    # ncu prints each of the ~20 ratios to two decimals, so their sum may drift by up to 0.005 each; and the two
+    # come from different replay passes, which with the clocks unlocked differ by about a percent
+    drift = stalls.groupby("id").size() * 0.005 + 0.02 * head["warp_cycles_per_issue"]
+    assert ((total - head["warp_cycles_per_issue"]).abs() <= drift).all()
     assert (stalls.groupby("id")["share"].sum() - 1).abs().max() < 1e-9
     assert not stalls["reason"].str.contains("not_issued").any()
     # the first row of each launch is its largest ratio on the raw page
@@ -454,7 +456,7 @@ def test_kernel_flops_and_roofline_points(launches):
     B, H, _, N, _, D = META["cases"]["fwd"]["shape"]
     assert profiling.kernel_flops(fwd) == 4 * B * H * N ** 2 * D
     assert profiling.kernel_flops(causal) == 4 * B * H * N ** 2 * D / 2
-    assert profiling.kernel_flops(one(launches, "bwd_causal", "bwd_dkdv")) == 2 * profiling.kernel_flops(causal)
+    assert profiling.kernel_flops(one(launches, "bwd_causal", "bwd_dkdv_ws")) == 2 * profiling.kernel_flops(causal)
     assert profiling.scores(fwd) == B * H * N ** 2 and profiling.scores(causal) == B * H * N ** 2 / 2
     merge = pd.Series(dict(fwd.to_dict(), kernel="combine_kernel"))
     assert profiling.kernel_flops(merge) == 0
@@ -513,18 +515,18 @@ def test_chapter_claims_hold_on_the_recording(profile, launches):
     dev = get_device("H100")
     fwd, causal = one(launches, "fwd", "attn_fwd"), one(launches, "fwd_causal", "attn_fwd")
     numba, dec = one(launches, "numba_tiled", "flash_attention_fwd"), one(launches, "decode", "decode_split_kv")
-    dkdv = one(launches, "bwd_causal", "bwd_dkdv")
+    dkdv = one(launches, "bwd_causal", "bwd_dkdv_ws")
     moved = profiling.traffic(launches, dev).set_index("launch")
     points = profiling.roofline_points(launches).set_index("launch")
     stalls = profile.stalls()
     # speed of light: the forward's busiest memory unit is L2, DRAM far below; its SM busy on the Tensor Cores
     assert profiling.busiest_memory(fwd) == "L2" and fwd["dram_pct"] < fwd["l2_pct"] / 3
     assert abs(fwd["tensor_pipe_pct"] - fwd["sm_pct"]) < 5
-    # the Numba kernel: a busy SM, but on its memory pipes and L1/TEX (shared memory), not the FMA pipe
-    assert profiling.busiest_memory(numba) == "L1/TEX" and numba["fma_pipe_pct"] < numba["mem_pipes_pct"]
+    # the Numba kernel: its FMA pipe ahead of its memory pipes, L1/TEX (shared memory) the busiest memory unit
+    assert profiling.busiest_memory(numba) == "L1/TEX" and numba["fma_pipe_pct"] > numba["mem_pipes_pct"]
     assert numba["dram_pct"] < 10
-    # the backward's dK/dV kernel: few warps per SM
-    assert dkdv["blocks_per_sm"] * dkdv["threads"] / 32 <= 8
+    # the backward's dK/dV kernel: warp-specialized, three warpgroups, one program per SM
+    assert dkdv["threads"] == 3 * 128 and dkdv["blocks_per_sm"] == 1
     # the roofline: the forward and the Numba kernel right of the ridge, the decoding kernel left at both levels
     assert points.loc["Triton forward", "intensity_dram"] > dev.ridge
     assert points.loc["Numba tiled (fp32)", "intensity_dram"] > dev.ridge

@@ -22,14 +22,17 @@ from fa_lab.figures.style import CYCLE, add_legend, add_text, new_plot, palette,
 from fa_lab.perf.ncu import NOT_RECORDED, bound
 
 #: matrix products per (query, key) tile each kernel computes: S = QKᵀ and PV in a forward; the backward's
-#: dK/dV kernel recomputes S and computes dP = dO Vᵀ, dV and dK, its dQ kernel recomputes S and dP and computes dQ
-MATMULS = {"attn_fwd": 2, "flash_attention_fwd": 2, "decode_split_kv": 2, "bwd_dkdv": 4, "bwd_dq": 3,
-           "combine_kernel": 0}
+#: dK/dV kernel (plain or warp-specialized) recomputes S and computes dP = dO Vᵀ, dV and dK, its dQ kernel
+#: recomputes S and dP and computes dQ
+MATMULS = {"attn_fwd": 2, "flash_attention_fwd": 2, "decode_split_kv": 2, "bwd_dkdv": 4, "bwd_dkdv_ws": 4,
+           "bwd_dq": 3, "combine_kernel": 0}
 #: the forward problem the chapter profiles, (B, H, N, D) in bf16 (``scripts/profile_ncu.py``'s ``fwd``)
 FWD_SHAPE = (4, 16, 4096, 128)
 #: how the chapter names each launch
 LABELS = {("fwd", "attn_fwd"): "Triton forward", ("fwd_causal", "attn_fwd"): "Triton forward, causal",
-          ("bwd_causal", "bwd_dkdv"): "backward dK/dV, causal", ("bwd_causal", "bwd_dq"): "backward dQ, causal",
+          ("bwd_causal", "bwd_dkdv"): "backward dK/dV, causal",
+          ("bwd_causal", "bwd_dkdv_ws"): "backward dK/dV (split), causal",
+          ("bwd_causal", "bwd_dq"): "backward dQ, causal",
           ("numba_tiled", "flash_attention_fwd"): "Numba tiled (fp32)", ("decode", "decode_split_kv"): "decode",
           ("decode", "combine_kernel"): "decode merge"}
 
@@ -244,8 +247,8 @@ VALUES = ("label", "ncu_version", "fwd_time", "fwd_tflops", "fwd_sm", "fwd_mem",
           "fwd_stages", "decode_cpi", "decode_top_reason", "decode_top_share", "decode_long_share", "decode_stages",
           "decode_warps", "numba_top_reason", "numba_second_reason", "numba_issue", "numba_eligible", "fwd_regs",
           "fwd_blocks", "fwd_limiter", "fwd_next_limit", "fwd_theoretical", "fwd_achieved", "bwd_regs",
-          "bwd_blocks", "bwd_limiter", "bwd_theoretical", "fwd_hgmma", "fwd_mma_ratio", "fwd_ex2", "fwd_scores",
-          "fwd_ex2_extra", "fwd_ex2_per_score", "causal_emu", "fwd_xu_per_score", "causal_xu_per_score",
+          "bwd_warps", "bwd_blocks", "bwd_limiter", "bwd_theoretical", "fwd_hgmma", "fwd_mma_ratio", "fwd_ex2",
+          "fwd_scores", "fwd_ex2_extra", "fwd_ex2_per_score", "causal_emu", "fwd_xu_per_score", "causal_xu_per_score",
           "fwd_fma_pipe", "causal_fma_pipe")
 
 
@@ -275,7 +278,9 @@ def recorded_values(profile, device: str = "H100") -> dict:
         hit = launches[(launches["case"] == case) & (launches["kernel"] == kernel)]
         return hit.iloc[0] if len(hit) else None
 
-    fwd, causal, dkdv = one("fwd", "attn_fwd"), one("fwd_causal", "attn_fwd"), one("bwd_causal", "bwd_dkdv")
+    fwd, causal = one("fwd", "attn_fwd"), one("fwd_causal", "attn_fwd")
+    dkdv = one("bwd_causal", "bwd_dkdv_ws")
+    dkdv = one("bwd_causal", "bwd_dkdv") if dkdv is None else dkdv
     numba, dec, dq = one("numba_tiled", "flash_attention_fwd"), one("decode", "decode_split_kv"), \
         one("bwd_causal", "bwd_dq")
     for key, r in (("fwd", fwd), ("causal", causal), ("bwd", dkdv), ("dq", dq), ("numba", numba), ("decode", dec)):
@@ -322,7 +327,8 @@ def recorded_values(profile, device: str = "H100") -> dict:
         values.update(numba_tflops=f"{rate / 1e12:.0f} TFLOP/s",
                       numba_of_peak=_pct(100 * rate / dev.cuda_flops["fp32"]))
     if dkdv is not None:
-        values.update(bwd_regs=f"{dkdv['registers']:.0f}", bwd_blocks=f"{dkdv['blocks_per_sm']:.0f}",
+        values.update(bwd_regs=f"{dkdv['registers']:.0f}", bwd_warps=f"{dkdv['threads'] / 32:.0f}",
+                      bwd_blocks=f"{dkdv['blocks_per_sm']:.0f}",
                       bwd_limiter=dkdv["limiter"] or NOT_RECORDED, bwd_sm=_pct(dkdv["sm_pct"]),
                       bwd_mem=_pct(dkdv["memory_pct"]), bwd_theoretical=_pct(dkdv["theoretical_occupancy_pct"]))
     if dec is not None:
