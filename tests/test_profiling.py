@@ -527,6 +527,10 @@ def test_chapter_claims_hold_on_the_recording(profile, launches):
     assert numba["dram_pct"] < 10
     # the backward's dK/dV kernel: warp-specialized, three warpgroups, one program per SM
     assert dkdv["threads"] == 3 * 128 and dkdv["blocks_per_sm"] == 1
+    # its SASS sets each warpgroup's register budget (setmaxnreg), and the span found ends by returning to it
+    ws_ops = [r["op"] for r in sass.parse(profile.sass_text("bwd_causal", "bwd_dkdv_ws"))]
+    assert {"USETMAXREG.DEALLOC.CTAPOOL", "USETMAXREG.TRY_ALLOC.CTAPOOL"} <= set(ws_ops)
+    assert ws_ops[-2].startswith("USETMAXREG.DEALLOC") and ws_ops[-1] == "BRA"
     # the roofline: the forward and the Numba kernel right of the ridge, the decoding kernel left at both levels
     assert points.loc["Triton forward", "intensity_dram"] > dev.ridge
     assert points.loc["Numba tiled (fp32)", "intensity_dram"] > dev.ridge
