@@ -9,6 +9,7 @@ bf16, D = 128:
 * ``dkdv``: the K/V-stationary pass, dV += Pᵀ dO and dK += dSᵀ Q (4 products a query block);
 * ``dq``: the Q-stationary pass, dQ += dS K (3 products a key block);
 * ``one_pass``: ``dkdv`` that also adds each query block's dQ into an fp32 buffer by a TMA reduce-add;
+  ``one_pass_atomic``: the same with pointer atomics (``tl.atomic_add``) instead;
 * ``dkdv_causal_one_loop``: ``dkdv`` under a causal mask, one loop over the query blocks that see the key
   block with the mask applied to every tile; ``dkdv_causal_two_loops``: the diagonal blocks masked in a
   loop of their own, the rest in the warp-specialized loop without a mask;
@@ -40,11 +41,15 @@ HOPPER = GPUTarget("cuda", 90, 32)
 TILES = [("dkdv", 64, 128, 4, 2), ("dkdv", 32, 128, 4, 2), ("dkdv", 64, 64, 4, 2), ("dkdv", 128, 64, 4, 2),
          ("dkdv", 128, 128, 4, 2), ("dkdv", 64, 128, 8, 2), ("dq", 64, 128, 4, 2), ("dq", 128, 64, 4, 2),
          ("dq", 128, 128, 4, 2), ("one_pass", 64, 128, 4, 2), ("one_pass", 64, 128, 8, 2),
+         ("one_pass", 64, 64, 4, 2), ("one_pass_atomic", 64, 128, 4, 2), ("one_pass_atomic", 64, 64, 4, 2),
+         ("one_pass_atomic", 128, 64, 4, 2),
          ("dkdv_causal_one_loop", 64, 128, 4, 2), ("dkdv_causal_two_loops", 64, 128, 4, 2),
          ("fwd_causal_one_loop", 128, 128, 4, 2), ("fwd_causal_one_loop", 128, 64, 4, 2),
          ("fwd_causal_one_loop", 128, 64, 4, 3), ("fwd_causal_one_loop", 64, 128, 4, 2),
          ("fwd_causal_one_loop", 128, 128, 8, 2), ("fwd_causal_two_loops", 128, 128, 4, 2),
          ("fwd_causal_two_loops", 128, 64, 4, 2)]
+#: how the one-pass loop adds its dQ tile: a TMA reduce-add through a descriptor, or pointer atomics
+ONE_PASS_VARIANTS = {"one_pass": 1, "one_pass_atomic": 2}
 #: a loop under a causal mask: one loop, the mask on every tile; or the diagonal in a loop of its own
 CAUSAL_VARIANTS = {"dkdv_causal_one_loop": 1, "dkdv_causal_two_loops": 2,
                    "fwd_causal_one_loop": 1, "fwd_causal_two_loops": 2}
@@ -57,8 +62,8 @@ def stacked(X, rows, D: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
-              qk_scale, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ONE_PASS: tl.constexpr):
+def dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, DQ, row0, start_m, offs_n,
+              qk_scale, D: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, ONE_PASS: tl.constexpr):
     q = q_desc.load([row0 + start_m, 0])
     do = do_desc.load([row0 + start_m, 0])
     lse2 = lse_desc.load([row0 + start_m])
@@ -69,8 +74,12 @@ def dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0
     dv += tl.dot(pT.to(tl.bfloat16), do)
     dsT = pT * (tl.dot(v, tl.trans(do)) - Di[None, :])
     dk += tl.dot(dsT.to(tl.bfloat16), q)
-    if ONE_PASS:
+    if ONE_PASS == 1:
         dq_desc.atomic_add([row0 + start_m, 0], tl.dot(tl.trans(dsT.to(tl.bfloat16)), k))
+    if ONE_PASS == 2:
+        rows = row0 + start_m + tl.arange(0, BLOCK_M)
+        tl.atomic_add(DQ + rows[:, None] * D + tl.arange(0, D)[None, :], tl.dot(tl.trans(dsT.to(tl.bfloat16)), k),
+                      sem="relaxed")
     return dk, dv
 
 
@@ -101,12 +110,12 @@ def dkdv_loop(Q, K, V, DO, LSE2, Delta, DK, DV, DQ, N, qk_scale, sm_scale,
         lo = start_n
     if CAUSAL == 2:
         for start_m in range(start_n, start_n + BLOCK_N, BLOCK_M):
-            dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
-                               qk_scale, BLOCK_M=BLOCK_M, MASKED=True, ONE_PASS=ONE_PASS)
+            dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, DQ, row0, start_m,
+                               offs_n, qk_scale, D=D, BLOCK_M=BLOCK_M, MASKED=True, ONE_PASS=ONE_PASS)
         lo = start_n + BLOCK_N
     for start_m in tl.range(lo, N, BLOCK_M, warp_specialize=True, num_stages=STAGES):
-        dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, row0, start_m, offs_n,
-                           qk_scale, BLOCK_M=BLOCK_M, MASKED=CAUSAL == 1, ONE_PASS=ONE_PASS)
+        dk, dv = dkdv_tile(dk, dv, k, v, q_desc, do_desc, lse_desc, delta_desc, dq_desc, DQ, row0, start_m, offs_n,
+                           qk_scale, D=D, BLOCK_M=BLOCK_M, MASKED=CAUSAL == 1, ONE_PASS=ONE_PASS)
     dk_desc = stacked(DK, rows, D, BLOCK_N)
     dv_desc = stacked(DV, rows, D, BLOCK_N)
     dk_desc.store([row0 + start_n, 0], (dk * sm_scale).to(tl.bfloat16))
@@ -203,7 +212,7 @@ def compile_loop(loop: str, block_m: int, block_n: int, warps: int, stages: int)
     constexprs = dict(D=HEAD_DIM, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages)
     if loop != "dq":
         signature.update(ONE_PASS="constexpr", CAUSAL="constexpr")
-        constexprs.update(ONE_PASS=loop == "one_pass", CAUSAL=CAUSAL_VARIANTS.get(loop, 0))
+        constexprs.update(ONE_PASS=ONE_PASS_VARIANTS.get(loop, 0), CAUSAL=CAUSAL_VARIANTS.get(loop, 0))
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=HOPPER,
                           options={"num_warps": warps, "num_stages": stages})
 

@@ -3,7 +3,8 @@
 The records (``docs/decisions/one-pass-backward.md``, ``docs/decisions/warp-specialization.md``) say Triton
 splits the dK/dV loop into a producer and two consumers at 4 warps and leaves it whole at 8, and that under a
 causal mask it splits one masked loop, in the backward and in the forward, but fails on a split loop beside
-a second loop for the diagonal.  A Triton release that compiles it otherwise fails here, and
+a second loop for the diagonal; and that the one-pass loop splits only with pointer atomics for dQ and
+64-key tiles.  A Triton release that compiles it otherwise fails here, and
 the record needs its measurement again.  Compiling needs no GPU; the script runs in a process of its own,
 outside the interpreter the CPU world sets.
 """
@@ -46,3 +47,13 @@ def test_under_a_causal_mask_only_one_loop_is_split(loop, tile):
     assert one["split"] == "yes" and one["warps"] == 12 and one["setmaxnreg"] > 0, one
     assert one["shared_bytes"] <= 232448, one
     assert two["split"] == "compile failed", two
+
+
+@pytest.mark.skipif(tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5),
+                    reason="warp specialization of a tl.range loop needs Triton 3.5 or later")
+def test_the_one_pass_loop_is_split_only_with_pointer_atomics_and_64_key_tiles():
+    atomic_64, atomic_128, tma_64 = _describe(("one_pass_atomic", 64, 64, 4, 2), ("one_pass_atomic", 64, 128, 4, 2),
+                                              ("one_pass", 64, 64, 4, 2))
+    assert atomic_64["split"] == "yes" and atomic_64["warps"] == 12 and atomic_64["setmaxnreg"] > 0, atomic_64
+    assert atomic_128["split"] == "compile failed", atomic_128
+    assert tma_64["split"] == "compile failed", tma_64
