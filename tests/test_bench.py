@@ -419,3 +419,19 @@ def test_ctrl_c_saves_what_was_measured_and_exits_130(tmp_path, monkeypatch, cap
     df = pd.read_csv(out)
     assert list(df["impl"]) == ["naive_torch", "reference"] and (df["status"] == "ok").all()
     assert json.loads(out.with_suffix(".json").read_text())["meta"]["partial"] is True
+
+
+def test_wide_spread_lists_only_the_disturbed_cases_that_ran():
+    from fa_lab.bench import report
+
+    df = pd.DataFrame([dict(impl="a", shape="s", dtype="bf16", mask="none", mode="fwd", ms=1.0, ms_p10=1.0,
+                            ms_p90=1.2, status="ok"),
+                       dict(impl="b", shape="s", dtype="bf16", mask="none", mode="fwd", ms=1.0, ms_p10=1.0,
+                            ms_p90=1.6, status="ok"),
+                       dict(impl="c", shape="s", dtype="bf16", mask="none", mode="fwd", ms=1.0, ms_p10=1.0,
+                            ms_p90=1.3, status="ok"),
+                       dict(impl="d", shape="s", dtype="bf16", mask="none", mode="fwd", ms=float("nan"),
+                            ms_p10=float("nan"), ms_p90=float("nan"), status="oom")])
+    got = report.wide_spread(df)
+    assert got["impl"].tolist() == ["b", "c"] and got["spread"].tolist() == pytest.approx([1.6, 1.3])
+    assert report.wide_spread(df, ratio=2.0).empty

@@ -26,6 +26,20 @@ def seed_table(df, *, value="tflops", dtype="bfloat16"):
     return t[[c for c in dict.fromkeys(d["impl"]) if c in t.columns]]
 
 
+#: a case whose 90th-percentile time is more than this many times its 10th was disturbed during part of its
+#: measurement: its median says less than the others'
+SPREAD = 1.25
+
+
+def wide_spread(df, *, ratio=SPREAD):
+    """The cases that ran (status 'ok') whose ``ms_p90`` is more than ``ratio`` times their ``ms_p10``,
+    widest first, with that ratio as ``spread``."""
+    d = df[df["status"] == "ok"].copy()
+    d["spread"] = d["ms_p90"] / d["ms_p10"]
+    cols = ["impl", "shape", "dtype", "mask", "mode", "ms", "ms_p10", "ms_p90", "spread"]
+    return d.loc[d["spread"] > ratio, cols].sort_values("spread", ascending=False).reset_index(drop=True)
+
+
 def latency(df, *, shape="(1, 8, 512, 64)"):
     """Per implementation at the latency shape: GPU time (do_bench, µs) and what an eager program
     sees per call when calls run back to back (µs), for each dtype/mask/mode."""
