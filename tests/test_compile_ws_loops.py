@@ -7,6 +7,9 @@ a second loop for the diagonal; and that the one-pass loop splits only with poin
 64-key tiles.  A Triton release that compiles it otherwise fails here, and
 the record needs its measurement again.  Compiling needs no GPU; the script runs in a process of its own,
 outside the interpreter the CPU world sets.
+
+``scripts/compile_exp2.py`` is checked the same way: ``docs/decisions/packed-exp2.md`` says that a packed
+exponential (``ex2.approx.f16x2``, ``ex2.approx.ftz.bf16x2``) still costs one ``MUFU`` instruction per value.
 """
 import json
 import os
@@ -20,8 +23,9 @@ triton = pytest.importorskip("triton")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _describe(*tiles):
-    code = ("import json, sys; sys.path.insert(0, 'scripts'); import compile_ws_loops as c; "
+def _describe(*tiles, script="compile_ws_loops"):
+    """``describe(*t)`` of ``scripts/<script>.py`` for each tuple ``t``, in a fresh process."""
+    code = (f"import json, sys; sys.path.insert(0, 'scripts'); import {script} as c; "
             f"print(json.dumps([c.describe(*t) for t in {list(tiles)!r}]))")
     env = dict(os.environ, TRITON_INTERPRET="1")   # what the CPU world sets: the script must undo it
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -57,3 +61,12 @@ def test_the_one_pass_loop_is_split_only_with_pointer_atomics_and_64_key_tiles()
     assert atomic_64["split"] == "yes" and atomic_64["warps"] == 12 and atomic_64["setmaxnreg"] > 0, atomic_64
     assert atomic_128["split"] == "compile failed", atomic_128
     assert tma_64["split"] == "compile failed", tma_64
+
+
+def test_a_packed_exponential_still_costs_one_mufu_per_value():
+    plain, f16x2, bf16x2 = _describe(("fp32",), ("f16x2",), ("bf16x2",), script="compile_exp2")
+    assert plain["mufu_ex2"] == plain["values_per_thread"] and plain["mufu_ops"] == ["MUFU.EX2"], plain
+    for packed, op in ((f16x2, "MUFU.EX2.F16"), (bf16x2, "MUFU.EX2.BF16")):
+        assert packed["mufu_ops"] == [op], packed
+        assert packed["mufu_ex2"] == packed["values_per_thread"], packed       # one per value, not per pair
+        assert packed["conversions"] == packed["values_per_thread"] // 2, packed   # a pack per pair on top
