@@ -9,7 +9,7 @@ import torch
 
 import fa_lab
 from fa_lab import cli
-from fa_lab.bench import COLUMNS, configs, load_recorded, measure, peers, recorded_table, records, runner
+from fa_lab.bench import COLUMNS, configs, load_recorded, measure, peers, recorded_table, records, report, runner
 from fa_lab.core.flops import attention_flops
 
 
@@ -435,3 +435,27 @@ def test_wide_spread_lists_only_the_disturbed_cases_that_ran():
     got = report.wide_spread(df)
     assert got["impl"].tolist() == ["b", "c"] and got["spread"].tolist() == pytest.approx([1.6, 1.3])
     assert report.wide_spread(df, ratio=2.0).empty
+
+
+def test_the_cudnn_gap_script_records_what_the_report_reads(tmp_path):
+    """``scripts/bench_cudnn_gap.py --smoke``: ours and both SDPA peers timed in one run, a summary per mode."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_cudnn_gap.py"
+    spec = importlib.util.spec_from_file_location("bench_cudnn_gap", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    meta, rows = records.read(bench.main(["--smoke", "--out", str(tmp_path)]))
+    assert meta["command"].startswith("python scripts/bench_cudnn_gap.py") and meta.get("sources")
+    df = pd.DataFrame.from_records(rows)
+    timing = df[df["section"] == "timing"]
+    assert set(timing["impl"]) == {"flash_triton", "sdpa-cudnn", "sdpa-flash"}
+    ours = timing[timing["impl"] == "flash_triton"]
+    assert (ours["status"] == "ok").all() and len(ours) == 2 * len(bench.SMOKE_ROWS)   # fwd and fwd+bwd
+    assert (ours["ms"] > 0).all() and (ours["rounds"] == 2).all()
+    if not fa_lab.ON_GPU:     # no cuDNN on a CPU: a record that says why, never a crash
+        assert timing[timing["impl"] == "sdpa-cudnn"]["status"].str.contains("declined").all()
+    table = report.cudnn_gap(df)
+    assert len(table) == len(bench.SMOKE_ROWS) and {"fwd ours", "fwd+bwd vs cudnn"} <= set(table.columns)
+    assert table["fwd+bwd ours"].notna().all()

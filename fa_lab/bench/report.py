@@ -1,4 +1,4 @@
-"""Chapter 7's summaries of benchmark records: the seed table, the latency answer, and the
+"""Chapter 7's summaries of benchmark records: the seed table, the latency answer, the gap to cuDNN, and the
 measured "which should I use" table.  Each takes a DataFrame of records (recorded on a GPU
 or live) and returns a DataFrame; the notebook only shows them.
 """
@@ -51,6 +51,25 @@ def latency(df, *, shape="(1, 8, 512, 64)"):
     cols = ["dtype", "mask", "mode", "impl", "gpu_us", "back_to_back_us", "host_overhead_us", "tflops",
             "max_abs_err"]
     return d[cols].sort_values(["dtype", "mask", "mode", "back_to_back_us"]).reset_index(drop=True)
+
+
+def cudnn_gap(df):
+    """``scripts/bench_cudnn_gap.py``'s recording as one row per (shape, mask, dtype): forward and
+    forward-plus-backward TFLOP/s of ours and of SDPA's cuDNN backend, and ours over cuDNN and over flash."""
+    d = df[df["section"] == "summary"].copy()
+    if d.empty:
+        return d
+    d["shape"] = d.apply(lambda r: f"({r.batch}, {r.heads}, {r.kv_heads}, {r.n_q}, {r.head_dim})", axis=1)
+    d["mask"] = d["causal"].map({True: "causal", False: "none"})
+    keys = ["shape", "mask", "dtype"]
+    out = d[keys].drop_duplicates().reset_index(drop=True)
+    for mode in ("fwd", "fwd+bwd"):
+        m = d[d["mode"] == mode].set_index(keys)
+        for col, name in (("tflops_flash_triton", "ours"), ("tflops_sdpa-cudnn", "cudnn"),
+                          ("ratio_vs_cudnn", "vs cudnn"), ("ratio_vs_flash", "vs flash")):
+            values = m[col] if col in m else None
+            out[f"{mode} {name}"] = [None if values is None else values.get(tuple(k)) for k in out[keys].values]
+    return out
 
 
 #: the questions of the decision table: (question, suite, filter, time column)
