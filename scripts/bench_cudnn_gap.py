@@ -9,8 +9,8 @@ interleaved rounds (``fa_lab.bench.time_interleaved``: every round times each on
 three see the same clock.  TFLOP/s count FLOPs as DESIGN.md does: 4·B·H·N²·D (halved under the causal mask),
 ×3.5 for forward plus backward.  A ``summary`` record per (row, dtype, mode) holds the ratios: ours over
 cuDNN and ours over flash, in TFLOP/s.  Each row also records how far our O and gradients are from cuDNN's
-(max |difference|).  A backend that declines a row (SDPA's flash backend has no head dim 256) is a record
-with its reason.  Writes ``gpu_cudnn_gap.json`` (``fa_lab.bench.records``) into DIR (default fa_lab/data).
+(max |difference|).  A backend that declines a row is a record with its reason, never a crash.
+Writes ``gpu_cudnn_gap.json`` (``fa_lab.bench.records``) into DIR (default fa_lab/data).
 """
 from __future__ import annotations
 
@@ -47,26 +47,36 @@ def header(row, dtype, **fields) -> dict:
                 **fields)
 
 
-def contenders(q, k, v, spec, mode: str, do) -> dict:
-    """name -> a zero-argument callable timed for ``mode``: the forward, or forward plus backward."""
+def forwards(q, k, v, spec) -> dict:
+    """name -> a zero-argument callable giving O: ours, and each SDPA backend."""
     calls = {OURS: lambda: fa_lab.attention(q, k, v, impl=OURS, causal=spec.causal)}
     # Nq = Nk on every row: SDPA's top-left causal mask is the bottom-right one here
     calls.update({name: bind(name, q, k, v, spec) for name in PEERS})
+    return calls
+
+
+def no_grad(call):
+    with torch.no_grad():
+        return call()
+
+
+def contenders(q, k, v, spec, mode: str, do) -> dict:
+    """name -> what is timed for ``mode``: the forward alone (no autograd graph), or forward plus backward."""
+    calls = forwards(q, k, v, spec)
     if mode == "fwd":
-        return calls
+        return {name: (lambda call=call: no_grad(call)) for name, call in calls.items()}
     return {name: (lambda call=call: torch.autograd.grad(call(), (q, k, v), do)) for name, call in calls.items()}
 
 
 def agreement(q, k, v, spec, do) -> dict:
     """Max |difference| of O, dQ, dK, dV between ours and cuDNN's (an unrelated result would show here)."""
-    out = {}
+    calls, out = forwards(q, k, v, spec), {}
     for name in (OURS, "sdpa-cudnn"):
         try:
-            fn = contenders(q, k, v, spec, "fwd", do)[name]
-            o = fn()
+            o = calls[name]()
             out[name] = [o, *torch.autograd.grad(o, (q, k, v), do)]
         except Exception as exc:
-            return dict(agreement=f"cuDNN gave no result: {type(exc).__name__}: {str(exc)[:150]}")
+            return dict(agreement=f"{name} gave no result: {type(exc).__name__}: {str(exc)[:150]}")
     return dict(zip(("max_diff_o", "max_diff_dq", "max_diff_dk", "max_diff_dv"),
                     (float((a.float() - b.float()).abs().max()) for a, b in zip(out[OURS], out["sdpa-cudnn"]))))
 
