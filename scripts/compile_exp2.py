@@ -13,10 +13,13 @@ and the two packed forms through ``tl.inline_asm_elementwise`` (``pack=2``), and
 from __future__ import annotations
 
 import os
-import re
+import sys
+import warnings
+from pathlib import Path
 
 # This compiles for a GPU: the interpreter (set for the CPU world) would swap the kernel for Python functions.
 os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # fa_lab.perf.sass, from this checkout
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -24,9 +27,6 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-#: an instruction's opcode in Triton's SASS listing: ``--:-:1:-:1\tMUFU.EX2.F16 R14, R0;`` (control bits, a tab);
-#: fa_lab.perf.sass reads these too, but importing fa_lab after Triton would set up the CPU world's interpreter
-OPCODE = re.compile(r"^\s*[-\d]{2}:[-\d]:[-\d]:[-Y]:[0-9a-f]+\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)", re.M)
 #: values per program, and the warps that share them: each thread holds VALUES / (32 * WARPS)
 VALUES, WARPS = 2048, 4
 #: form -> how the exponential is written
@@ -54,7 +54,11 @@ def describe(form: str) -> dict:
                                                                  "VALUES": "constexpr"},
                                       constexprs={"FORM": FORMS[form], "VALUES": VALUES}),
                             target=HOPPER, options=dict(num_warps=WARPS))
-    ops = OPCODE.findall(kernel.asm["sass"])
+    with warnings.catch_warnings():
+        # fa_lab warns that Triton came first (its own kernels would not run here); only its SASS reader is used
+        warnings.simplefilter("ignore", RuntimeWarning)
+        from fa_lab.perf import sass
+    ops = [r["op"] for r in sass.parse(kernel.asm["sass"])]
     return dict(form=form, values_per_thread=VALUES // (32 * WARPS),
                 mufu_ex2=sum(op.startswith("MUFU.EX2") for op in ops),
                 mufu_ops=sorted({op for op in ops if op.startswith("MUFU")}),
