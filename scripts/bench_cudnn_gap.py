@@ -26,9 +26,11 @@ import torch  # noqa: E402
 
 from fa_lab.bench import records as recorded  # noqa: E402
 from fa_lab.bench import time_fn, time_interleaved  # noqa: E402
+from fa_lab.bench.configs import Shape  # noqa: E402
 from fa_lab.bench.peers import bind  # noqa: E402
 from fa_lab.core.dtypes import as_dtype, long_name  # noqa: E402
 from fa_lab.core.flops import attention_flops  # noqa: E402
+from fa_lab.core.masks import mask_kind  # noqa: E402
 from fa_lab.core.testing import random_qkv  # noqa: E402
 
 #: (B, H, Hkv, N, D, causal): D = 128 without and with the mask, long and short sequences, D = 64, GQA, D = 256
@@ -42,9 +44,10 @@ MODES = ("fwd", "fwd+bwd")
 
 
 def header(row, dtype, **fields) -> dict:
+    """The fields every record of a row starts with, ``shape`` and ``mask`` labelled as the benchmark suite's."""
     B, H, Hkv, N, D, causal = row
     return dict(batch=B, heads=H, kv_heads=Hkv, n_q=N, n_k=N, head_dim=D, causal=causal, dtype=long_name(dtype),
-                **fields)
+                shape=Shape(B, H, N, D, kv_heads=Hkv).label, mask=mask_kind(causal, (-1, -1)), **fields)
 
 
 def forwards(q, k, v, spec) -> dict:

@@ -53,23 +53,25 @@ def latency(df, *, shape="(1, 8, 512, 64)"):
     return d[cols].sort_values(["dtype", "mask", "mode", "back_to_back_us"]).reset_index(drop=True)
 
 
+#: the summary columns of ``scripts/bench_cudnn_gap.py``'s recording, and their names in the table
+GAP_COLUMNS = {"tflops_flash_triton": "ours", "tflops_sdpa-cudnn": "cudnn", "ratio_vs_cudnn": "vs cudnn",
+               "ratio_vs_flash": "vs flash"}
+
+
 def cudnn_gap(df):
     """``scripts/bench_cudnn_gap.py``'s recording as one row per (shape, mask, dtype): forward and
     forward-plus-backward TFLOP/s of ours and of SDPA's cuDNN backend, and ours over cuDNN and over flash."""
-    d = df[df["section"] == "summary"].copy()
+    import pandas as pd
+
+    d = df[df["section"] == "summary"].reindex(columns=["shape", "mask", "dtype", "mode", *GAP_COLUMNS])
     if d.empty:
         return d
-    d["shape"] = d.apply(lambda r: f"({r.batch}, {r.heads}, {r.kv_heads}, {r.n_q}, {r.head_dim})", axis=1)
-    d["mask"] = d["causal"].map({True: "causal", False: "none"})
     keys = ["shape", "mask", "dtype"]
-    out = d[keys].drop_duplicates().reset_index(drop=True)
-    for mode in ("fwd", "fwd+bwd"):
-        m = d[d["mode"] == mode].set_index(keys)
-        for col, name in (("tflops_flash_triton", "ours"), ("tflops_sdpa-cudnn", "cudnn"),
-                          ("ratio_vs_cudnn", "vs cudnn"), ("ratio_vs_flash", "vs flash")):
-            values = m[col] if col in m else None
-            out[f"{mode} {name}"] = [None if values is None else values.get(tuple(k)) for k in out[keys].values]
-    return out
+    t = d.set_index([*keys, "mode"])[list(GAP_COLUMNS)].unstack("mode")    # a column per (value, mode)
+    t.columns = [f"{mode} {GAP_COLUMNS[col]}" for col, mode in t.columns]
+    rows = pd.MultiIndex.from_frame(d[keys].drop_duplicates())                # in the order they were run
+    return t.reindex(index=rows, columns=[f"{mode} {name}" for mode in ("fwd", "fwd+bwd")
+                                          for name in GAP_COLUMNS.values()]).reset_index()
 
 
 #: the questions of the decision table: (question, suite, filter, time column)
