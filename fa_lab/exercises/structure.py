@@ -287,11 +287,9 @@ class ClassPatch:
             setattr(cls, name, make(original))
 
     def stop(self) -> None:
-        if self._originals:
-            cls = self.target()
-            for name, original in self._originals.items():
-                setattr(cls, name, original)
-            self._originals = {}
+        for name, original in self._originals.items():
+            setattr(self.target(), name, original)
+        self._originals = {}
 
     def __enter__(self):
         return self.start()
