@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urljoin, urlsplit
@@ -91,6 +92,12 @@ def book_build():
     return proc.returncode, log
 
 
+#: libzmq's own assertion, printed by a notebook kernel that aborts while it closes its sockets
+#: (e.g. "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)"): a known race inside
+#: libzmq, not in the book's code
+ZMQ_TEARDOWN = re.compile(r"^Assertion failed: .+ \(src/\w+\.cpp:\d+\)$")
+
+
 def _problems(log: str) -> list[str]:
     ansi = re.compile(r"\x1b\[[0-9;]*m")
     return [ansi.sub("", line) for line in log.splitlines()
@@ -98,9 +105,34 @@ def _problems(log: str) -> list[str]:
             and "Kernel is running over TCP" not in line]
 
 
+def _serious(problems: list[str]) -> list[str]:
+    """The problems that fail the build check.
+
+    A kernel that dies while a notebook runs fails that notebook's execution, which myst-nb reports
+    as a warning of its own (an error under -W). So when libzmq's teardown assertion is the only
+    problem, every notebook ran to its end and the abort came as a kernel shut down: it is reported
+    as a warning, not a failure of the book.
+    """
+    if all(ZMQ_TEARDOWN.match(line.strip()) for line in problems):
+        return []
+    return problems
+
+
+def test_serious_problems_keep_everything_but_a_lone_zmq_teardown_abort():
+    abort = "Assertion failed: pfd.revents & POLLIN (src/signaler.cpp:238)"
+    failed = "WARNING: Executing notebook failed: DeadKernelError"
+    assert _serious(_problems(abort)) == []
+    assert _serious(_problems(f"{abort}\n{failed}")) == [abort, failed]
+    assert _serious(_problems("AssertionError: Assertion failed: x (src/a.cpp:1) in a cell")) != []
+
+
 def test_book_builds_clean(book_build):
     returncode, log = book_build
     problems = _problems(log)
+    for line in problems:
+        if ZMQ_TEARDOWN.match(line.strip()):
+            warnings.warn(f"a notebook kernel aborted in libzmq as it shut down: {line.strip()}", stacklevel=1)
+    problems = _serious(problems)
     assert returncode == 0 and not problems, (
         f"jupyter-book build -W -n failed (exit {returncode}); full log in _build/book_build.log:\n"
         + "\n".join(problems[:40] or log.splitlines()[-40:]))
