@@ -37,14 +37,30 @@ def test_fingerprint_follows_the_source(tmp_path, monkeypatch):
     assert records.fingerprint("gpu_bench_h100_sweep") == records.fingerprint("gpu_bench_h100_latency")
 
 
+def _made_by(name: str) -> str:
+    return records.MADE_BY[records.SUITE_PREFIX if name.startswith(records.SUITE_PREFIX) else name]
+
+
+@pytest.mark.parametrize("name", TIED)
+def test_each_recording_was_made_by_the_script_named_for_it(name):
+    meta, _ = records.read(DATA_DIR / f"{name}.json")
+    assert records.command(meta).split()[:2] == _made_by(name).split()[:2]
+
+
 def test_fa_lab_recordings_names_the_stale_ones_and_their_commands(monkeypatch, capsys):
     from fa_lab import cli
 
+    # a fresh name, so that the missing row is there whatever has been recorded by now
+    monkeypatch.setitem(records.MADE_BY, "gpu_never", "python scripts/make_never.py")
     assert cli.main(["recordings"]) == 0
     listed = capsys.readouterr().out
     assert all(name in listed for name in TIED) and "stale" not in listed
     assert cli.main(["recordings", "--stale"]) == 0
-    assert capsys.readouterr().out.strip() == "every recording is current"
+    out = capsys.readouterr().out.splitlines()
+    missing = [line.split()[0] for line in out if " missing " in line]
+    assert "gpu_never" in missing and "  python scripts/make_never.py" in out
+    assert set(missing) == {n for n in records.MADE_BY if n != records.SUITE_PREFIX} - set(TIED)
+    assert not any(" current " in line for line in out)
 
     current = records.fingerprint
     monkeypatch.setattr(records, "fingerprint", lambda name: "edited" if name == "gpu_ch5" else current(name))
@@ -53,3 +69,12 @@ def test_fa_lab_recordings_names_the_stale_ones_and_their_commands(monkeypatch, 
     meta, _ = records.read(DATA_DIR / "gpu_ch5.json")
     assert out.splitlines()[0].startswith("gpu_ch5") and " stale " in out.splitlines()[0]
     assert f"  {records.command(meta)}" in out.splitlines() and "gpu_ch4 " not in out
+
+
+def test_fa_lab_recordings_says_when_all_are_current(monkeypatch, capsys):
+    from fa_lab import cli
+
+    made = set(TIED) | {records.SUITE_PREFIX}
+    monkeypatch.setattr(records, "MADE_BY", {k: v for k, v in records.MADE_BY.items() if k in made})
+    assert cli.main(["recordings", "--stale"]) == 0
+    assert capsys.readouterr().out.strip() == "every recording is current"

@@ -1,14 +1,16 @@
 """List the shipped GPU recordings: device, date, complete or partial, current or stale, and how to remake them.
 
 A recording is stale once the code it measures has changed (``records.SOURCES``, the fingerprint in its
-meta); ``tests/test_recordings.py`` fails until it is made again.  After a kernel change,
-``fa-lab recordings --stale`` prints the commands to run on a GPU, one per stale recording.
+meta); ``tests/test_recordings.py`` fails until it is made again.  A recording the chapters can show
+but that was never made is 'missing'.  After a kernel change, ``fa-lab recordings --stale`` prints the
+commands to run on a GPU, one per stale or missing recording.
 """
 from __future__ import annotations
 
 
 def configure(parser) -> None:
-    parser.add_argument("--stale", action="store_true", help="only the stale recordings, and their commands")
+    parser.add_argument("--stale", action="store_true",
+                        help="only the stale and missing recordings, and their commands")
 
 
 def status(name: str, meta: dict) -> str:
@@ -22,7 +24,8 @@ def status(name: str, meta: dict) -> str:
 
 
 def rows() -> list[dict]:
-    """One row per recording in ``fa_lab/data``: name, status, partial, device, date, command."""
+    """One row per recording in ``fa_lab/data`` (name, status, partial, device, date, command), then one
+    per recording of ``records.MADE_BY`` never made (status 'missing', its script as the command)."""
     from fa_lab.bench import records
     from fa_lab.core.data import DATA_DIR
 
@@ -35,11 +38,16 @@ def rows() -> list[dict]:
         out.append(dict(name=name, status=status(name, meta), partial=bool(meta.get("partial")),
                         records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or "")[:10],
                         command=records.command(meta)))
+    made = {r["name"] for r in out}
+    for name, command in records.MADE_BY.items():
+        if name != records.SUITE_PREFIX and name not in made:
+            out.append(dict(name=name, status="missing", partial=False, records=0, device="-", date="-",
+                            command=command))
     return out
 
 
 def run(args) -> int:
-    table = [r for r in rows() if r["status"] == "stale" or not args.stale]
+    table = [r for r in rows() if r["status"] in ("stale", "missing") or not args.stale]
     if not table:
         print("every recording is current" if args.stale else "no recordings")
         return 0
@@ -47,9 +55,9 @@ def run(args) -> int:
     for r in table:
         extent = f"{r['records']} records{' (partial)' if r['partial'] else ''}"
         print(f"{r['name']:<{width}}  {r['status']:<7}  {r['date']}  {r['device']}  {extent}")
-    stale = [r for r in table if r["status"] == "stale"]
+    stale = [r for r in table if r["status"] in ("stale", "missing")]
     if stale:
-        print("\nto record again, on a GPU, from the repository root:")
+        print("\nto record, on a GPU, from the repository root:")
         for command in dict.fromkeys(r["command"] for r in stale):   # one line per command, in order
             print(f"  {command}")
     return 0

@@ -95,6 +95,24 @@ SOURCES = {
 }
 
 
+#: the script that makes each recording of ``SOURCES`` (a recording stores its full command in its meta;
+#: this names it for one that was never made)
+MADE_BY = {
+    "gpu_ch1_2": "python scripts/bench_ch1_2.py",
+    "gpu_ch3": "python scripts/bench_ch3.py",
+    "gpu_ch4": "python scripts/bench_ch4.py",
+    "gpu_ch5": "python scripts/bench_ch5.py",
+    "gpu_ch6": "python scripts/correlate_gpu.py",
+    "gpu_ch6_ceilings": "python scripts/correlate_gpu.py",
+    "gpu_ch8": "python scripts/bench_ch8.py",
+    "gpu_ch9": "python scripts/bench_ch9.py",
+    "gpu_ch10": "python scripts/bench_ch10.py",
+    "gpu_first_call": "python scripts/bench_first_call.py",
+    "gpu_cudnn_gap": "python scripts/bench_cudnn_gap.py",
+    SUITE_PREFIX: "python scripts/record_gpu_bench.py",
+}
+
+
 def sources_of(name: str) -> tuple | None:
     """The package paths recording ``name`` measures (None: not tied to source files)."""
     if name in SOURCES:
