@@ -37,14 +37,10 @@ def test_fingerprint_follows_the_source(tmp_path, monkeypatch):
     assert records.fingerprint("gpu_bench_h100_sweep") == records.fingerprint("gpu_bench_h100_latency")
 
 
-def _made_by(name: str) -> str:
-    return records.MADE_BY[records.SUITE_PREFIX if name.startswith(records.SUITE_PREFIX) else name]
-
-
 @pytest.mark.parametrize("name", TIED)
 def test_each_recording_was_made_by_the_script_named_for_it(name):
     meta, _ = records.read(DATA_DIR / f"{name}.json")
-    assert records.command(meta).split()[:2] == _made_by(name).split()[:2]
+    assert records.command(meta).split()[:2] == records.made_by(name).split()[:2]
 
 
 def test_fa_lab_recordings_names_the_stale_ones_and_their_commands(monkeypatch, capsys):

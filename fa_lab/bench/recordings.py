@@ -7,6 +7,9 @@ commands to run on a GPU, one per stale or missing recording.
 """
 from __future__ import annotations
 
+#: the statuses whose recordings are to be made on a GPU
+TO_RECORD = ("stale", "missing")
+
 
 def configure(parser) -> None:
     parser.add_argument("--stale", action="store_true",
@@ -47,7 +50,7 @@ def rows() -> list[dict]:
 
 
 def run(args) -> int:
-    table = [r for r in rows() if r["status"] in ("stale", "missing") or not args.stale]
+    table = [r for r in rows() if r["status"] in TO_RECORD or not args.stale]
     if not table:
         print("every recording is current" if args.stale else "no recordings")
         return 0
@@ -55,9 +58,9 @@ def run(args) -> int:
     for r in table:
         extent = f"{r['records']} records{' (partial)' if r['partial'] else ''}"
         print(f"{r['name']:<{width}}  {r['status']:<7}  {r['date']}  {r['device']}  {extent}")
-    stale = [r for r in table if r["status"] in ("stale", "missing")]
-    if stale:
+    to_record = [r for r in table if r["status"] in TO_RECORD]
+    if to_record:
         print("\nto record, on a GPU, from the repository root:")
-        for command in dict.fromkeys(r["command"] for r in stale):   # one line per command, in order
+        for command in dict.fromkeys(r["command"] for r in to_record):   # one line per command, in order
             print(f"  {command}")
     return 0

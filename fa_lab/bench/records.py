@@ -113,11 +113,21 @@ MADE_BY = {
 }
 
 
+def _entry(table: dict, name: str):
+    """``table``'s entry for recording ``name``: its own, else the suites' for a suite file (else None)."""
+    if name in table:
+        return table[name]
+    return table[SUITE_PREFIX] if name.startswith(SUITE_PREFIX) else None
+
+
 def sources_of(name: str) -> tuple | None:
     """The package paths recording ``name`` measures (None: not tied to source files)."""
-    if name in SOURCES:
-        return SOURCES[name]
-    return SOURCES[SUITE_PREFIX] if name.startswith(SUITE_PREFIX) else None
+    return _entry(SOURCES, name)
+
+
+def made_by(name: str) -> str | None:
+    """The script that makes recording ``name`` (``MADE_BY``; None for one not tied to source files)."""
+    return _entry(MADE_BY, name)
 
 
 def _syntax(node) -> str:
