@@ -77,11 +77,18 @@ def agreement(q, k, v, spec, do) -> dict:
     for name in (OURS, "sdpa-cudnn"):
         try:
             o = calls[name]()
-            out[name] = [o, *torch.autograd.grad(o, (q, k, v), do)]
+            out[name] = [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
         except Exception as exc:
             return dict(agreement=f"{name} gave no result: {type(exc).__name__}: {str(exc)[:150]}")
-    return dict(zip(("max_diff_o", "max_diff_dq", "max_diff_dk", "max_diff_dv"),
-                    (float((a.float() - b.float()).abs().max()) for a, b in zip(out[OURS], out["sdpa-cudnn"]))))
+    fields = ("o", "dq", "dk", "dv")
+    rec = {f"max_diff_{f}": float((a.float() - b.float()).abs().max()) for f, a, b in zip(fields, out[OURS],
+                                                                                         out["sdpa-cudnn"])}
+    # a NaN difference (stored as null) says which side had the NaNs
+    for name, tensors in out.items():
+        nans = {f: int(t.isnan().sum()) for f, t in zip(fields, tensors) if t.isnan().any()}
+        if nans:
+            rec[f"nan_{name}"] = nans
+    return rec
 
 
 def measure_row(row, dtype, rounds: int, measure=None) -> list[dict]:
