@@ -74,3 +74,26 @@ def test_fa_lab_recordings_says_when_all_are_current(monkeypatch, capsys):
     monkeypatch.setattr(records, "MADE_BY", {k: v for k, v in records.MADE_BY.items() if k in made})
     assert cli.main(["recordings", "--stale"]) == 0
     assert capsys.readouterr().out.strip() == "every recording is current"
+
+
+def row(name, status, device, when, seconds=None, command=None):
+    return dict(name=name, status=status, partial=False, records=1, device=device, date=when[:10], when=when,
+                seconds=seconds, command=command or f"python scripts/make_{name}.py")
+
+
+def test_recordings_of_the_kind_before_are_listed_as_other_gpu(monkeypatch, capsys):
+    from fa_lab import cli
+    from fa_lab.bench import recordings
+
+    table = [row("a", "current", "GPU 1", "2026-11-25T10:00"), row("b", "current", "GPU 2", "2026-11-29T05:00", 120),
+             row("c", "stale", "GPU 1", "2026-11-24T08:00", 60), row("d", "untied", "GPU 1", "2026-11-30T00:00"),
+             row("e", "missing", "-", "")]
+    recordings.mark_other_gpus(table)
+    # the newest tied recording (b, not the untied d) sets the kind; a stale one stays stale
+    assert [r["status"] for r in table] == ["other-gpu", "current", "stale", "untied", "missing"]
+    monkeypatch.setattr(recordings, "rows", lambda: table)
+    assert cli.main(["recordings", "--stale"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[:3]] == ["a", "c", "e"]
+    assert out[5:8] == ["  python scripts/make_a.py", "  python scripts/make_c.py", "  python scripts/make_e.py"]
+    assert out[8] == "(1 of these 3 recordings say how long they took: 1 min of GPU time together)"

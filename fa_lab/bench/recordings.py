@@ -2,18 +2,20 @@
 
 A recording is stale once the code it measures has changed (``records.SOURCES``, the fingerprint in its
 meta); ``tests/test_recordings.py`` fails until it is made again.  A recording the chapters can show
-but that was never made is 'missing'.  After a kernel change, ``fa-lab recordings --stale`` prints the
-commands to run on a GPU, one per stale or missing recording.
+but that was never made is 'missing'.  The recordings tied to code come from one kind of GPU: while some
+are made on another kind, the ones still from the kind before are 'other-gpu' (the newest recording's
+device is the one they follow).  After a kernel change, ``fa-lab recordings --stale`` prints the
+commands to run on a GPU, one per stale, missing or other-gpu recording, and how long they took before.
 """
 from __future__ import annotations
 
 #: the statuses whose recordings are to be made on a GPU
-TO_RECORD = ("stale", "missing")
+TO_RECORD = ("stale", "missing", "other-gpu")
 
 
 def configure(parser) -> None:
     parser.add_argument("--stale", action="store_true",
-                        help="only the stale and missing recordings, and their commands")
+                        help="only the stale, missing and other-gpu recordings, and their commands")
 
 
 def status(name: str, meta: dict) -> str:
@@ -24,6 +26,17 @@ def status(name: str, meta: dict) -> str:
     if expected is None:
         return "untied"
     return "current" if meta.get("sources") == expected else "stale"
+
+
+def mark_other_gpus(table: list[dict]) -> None:
+    """Mark 'other-gpu' the current tied rows whose device is not the newest tied row's (``when``: its date)."""
+    tied = [r for r in table if r["status"] in ("current", "stale")]
+    if not tied:
+        return
+    newest = max(tied, key=lambda r: r["when"])["device"]
+    for r in tied:
+        if r["status"] == "current" and r["device"] != newest:
+            r["status"] = "other-gpu"
 
 
 def rows() -> list[dict]:
@@ -40,7 +53,9 @@ def rows() -> list[dict]:
             continue
         out.append(dict(name=name, status=status(name, meta), partial=bool(meta.get("partial")),
                         records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or "")[:10],
-                        command=records.command(meta)))
+                        command=records.command(meta), when=str(meta.get("date") or ""),
+                        seconds=meta.get("seconds")))
+    mark_other_gpus(out)
     made = {r["name"] for r in out}
     for name, command in records.MADE_BY.items():
         if name != records.SUITE_PREFIX and name not in made:
@@ -55,12 +70,17 @@ def run(args) -> int:
         print("every recording is current" if args.stale else "no recordings")
         return 0
     width = max(len(r["name"]) for r in table)
+    status_width = max(len(r["status"]) for r in table)
     for r in table:
         extent = f"{r['records']} records{' (partial)' if r['partial'] else ''}"
-        print(f"{r['name']:<{width}}  {r['status']:<7}  {r['date']}  {r['device']}  {extent}")
+        print(f"{r['name']:<{width}}  {r['status']:<{status_width}}  {r['date']}  {r['device']}  {extent}")
     to_record = [r for r in table if r["status"] in TO_RECORD]
     if to_record:
         print("\nto record, on a GPU, from the repository root:")
         for command in dict.fromkeys(r["command"] for r in to_record):   # one line per command, in order
             print(f"  {command}")
+        timed = [r["seconds"] for r in to_record if isinstance(r.get("seconds"), (int, float))]
+        if timed:
+            print(f"({len(timed)} of these {len(to_record)} recordings say how long they took: "
+                  f"{sum(timed) / 60:.0f} min of GPU time together)")
     return 0
