@@ -76,9 +76,9 @@ def test_fa_lab_recordings_says_when_all_are_current(monkeypatch, capsys):
     assert capsys.readouterr().out.strip() == "every recording is current"
 
 
-def row(name, status, device, when, seconds=None, command=None):
-    return dict(name=name, status=status, partial=False, records=1, device=device, date=when[:10], when=when,
-                seconds=seconds, command=command or f"python scripts/make_{name}.py")
+def row(name, status, device, date, seconds=None):
+    return dict(name=name, status=status, partial=False, records=1, device=device, date=date, seconds=seconds,
+                command=f"python scripts/make_{name}.py")
 
 
 def test_recordings_of_the_kind_before_are_listed_as_other_gpu(monkeypatch, capsys):

@@ -29,11 +29,11 @@ def status(name: str, meta: dict) -> str:
 
 
 def mark_other_gpus(table: list[dict]) -> None:
-    """Mark 'other-gpu' the current tied rows whose device is not the newest tied row's (``when``: its date)."""
+    """Mark 'other-gpu' the current tied rows whose device is not the newest tied row's."""
     tied = [r for r in table if r["status"] in ("current", "stale")]
     if not tied:
         return
-    newest = max(tied, key=lambda r: r["when"])["device"]
+    newest = max(tied, key=lambda r: r["date"])["device"]
     for r in tied:
         if r["status"] == "current" and r["device"] != newest:
             r["status"] = "other-gpu"
@@ -52,9 +52,8 @@ def rows() -> list[dict]:
         except (KeyError, TypeError):   # tuned launch configurations live there too: not a recording
             continue
         out.append(dict(name=name, status=status(name, meta), partial=bool(meta.get("partial")),
-                        records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or "")[:10],
-                        command=records.command(meta), when=str(meta.get("date") or ""),
-                        seconds=meta.get("seconds")))
+                        records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or ""),
+                        command=records.command(meta), seconds=meta.get("seconds")))
     mark_other_gpus(out)
     made = {r["name"] for r in out}
     for name, command in records.MADE_BY.items():
@@ -73,7 +72,7 @@ def run(args) -> int:
     status_width = max(len(r["status"]) for r in table)
     for r in table:
         extent = f"{r['records']} records{' (partial)' if r['partial'] else ''}"
-        print(f"{r['name']:<{width}}  {r['status']:<{status_width}}  {r['date']}  {r['device']}  {extent}")
+        print(f"{r['name']:<{width}}  {r['status']:<{status_width}}  {r['date'][:10]}  {r['device']}  {extent}")
     to_record = [r for r in table if r["status"] in TO_RECORD]
     if to_record:
         print("\nto record, on a GPU, from the repository root:")
