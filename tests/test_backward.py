@@ -207,6 +207,8 @@ GPU_CASES = [  # (B, H, Hkv, Nq, Nk, D), mask, dtype: every dtype, mask and head
     ((1, 4, 4, 256, 300, 96), MASKS[3], torch.float16),
     ((1, 4, 1, 513, 513, 64), MASKS[2], torch.float32),
     ((1, 2, 2, 200, 200, 256), MASKS[1], torch.bfloat16),
+    ((2, 4, 2, 1000, 1000, 256), MASKS[1], torch.float16),   # GQA, and tails of the D = 256 tiles
+    ((1, 4, 2, 512, 512, 256), MASKS[1], torch.bfloat16),    # whole tiles: the descriptor-loading dK/dV pass
 ]
 
 

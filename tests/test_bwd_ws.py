@@ -85,8 +85,9 @@ def test_eligibility_names_what_the_kernels_need():
 
 
 @pytest.mark.parametrize("n, head_dim, row_major, split", [(256, 128, True, True), (200, 128, True, False),
-                                                           (256, 128, False, False), (256, 64, True, False)],
-                         ids=["whole-tiles", "tail", "transposed", "d64"])
+                                                           (256, 128, False, False), (256, 64, True, False),
+                                                           (256, 256, True, True)],
+                         ids=["whole-tiles", "tail", "transposed", "d64", "d256"])
 def test_gpu_tiles_are_warp_specialized_only_where_they_can_run(n, head_dim, row_major, split):
     q, k, v = random_qkv(1, 2, n, n, head_dim, dtype=torch.bfloat16, seed=0)
     if not row_major:

@@ -30,7 +30,8 @@ SHIPPED = {
 def cache(tmp_path, monkeypatch):
     """A cache whose shipped table is SHIPPED, with an empty user file."""
     shipped = tmp_path / "shipped.json"
-    shipped.write_text(json.dumps({"configs": {DEVICE: {k: dict(v, ws=False) for k, v in SHIPPED.items()}}}))
+    shipped.write_text(json.dumps({"configs": {DEVICE: {k: dict(v, ws=False) for k, v in SHIPPED.items()}},
+                                   "devices": {DEVICE: [9, 0]}}))
     monkeypatch.setattr(ConfigCache, "SHIPPED", shipped)
     monkeypatch.setenv("FA_LAB_CACHE_DIR", str(tmp_path / "user"))
     fresh = ConfigCache()
@@ -49,7 +50,7 @@ def gpu(cache, monkeypatch):
 
     monkeypatch.setattr(tuner, "ON_GPU", True)
     monkeypatch.setattr(tuner, "device_index", lambda spec: 0)
-    monkeypatch.setattr(tuner, "device_facts", lambda index: (DEVICE, 9))
+    monkeypatch.setattr(tuner, "device_facts", lambda index: (DEVICE, (9, 0)))
     monkeypatch.setattr(tuner, "tune", fake_tune)
     monkeypatch.setattr(tuner, "_RESOLVED", {})
     return calls
@@ -97,6 +98,42 @@ def test_neighbours_are_the_nearest_keys_of_the_same_head_dim_mask_and_space(cac
     # exact fp32 has no 16-bit neighbours, and 16-bit keys none in fp32
     assert [strip(c) for c in tuner.neighbour_configs(DEVICE, "float32|d128|q4096|k4096|causal|pipelined")] == \
         [SHIPPED["float32|d128|q2048|k2048|causal|pipelined"]]
+
+
+def test_a_gpu_without_entries_takes_those_of_its_architecture(gpu, cache, monkeypatch):
+    monkeypatch.setenv("FA_LAB_TRITON_AUTOTUNE", "off")
+    spec, dtype = problem(n=4096)
+    key = config_key(spec, dtype, "pipelined")
+    assert cache.get("Sibling GPU", key) is None            # by name alone: nothing
+    assert strip(cache.get("Sibling GPU", key, (9, 0))) == SHIPPED[key]
+    assert cache.search("Sibling GPU", key, (9, 0)) == "full"
+    assert cache.get("Other arch GPU", key, (10, 0)) is None
+    near = tuner.neighbour_configs("Sibling GPU", "bfloat16|d128|q2048|k2048|causal|pipelined", capability=(9, 0))
+    assert near == tuner.neighbour_configs(DEVICE, "bfloat16|d128|q2048|k2048|causal|pipelined")
+    # through choose_config: the stand-in entry runs without timing anything
+    monkeypatch.setattr(tuner, "device_facts", lambda index: ("Sibling GPU", (9, 0)))
+    monkeypatch.delenv("FA_LAB_TRITON_AUTOTUNE")
+    assert strip(choose(spec, dtype)) == SHIPPED[key] and gpu == []
+    # a GPU with shipped entries of its own never borrows: a key it lacks is a miss (no neighbours here:
+    # the default runs)
+    monkeypatch.setattr(tuner, "device_facts", lambda index: ("Own GPU", (9, 0)))
+    monkeypatch.setattr(tuner, "_RESOLVED", {})
+    cache.shipped_entries()["Own GPU"] = {"bfloat16|d64|q512|k512|none|pipelined": dict(SHIPPED[key])}
+    assert cache.get("Own GPU", key, (9, 0)) is None
+    assert strip(choose(spec, dtype)) == strip(tuner.configs.default_config("pipelined", 128, 4096, "causal"))
+
+
+def test_shipping_names_the_device_architecture(tmp_path, monkeypatch):
+    from fa_lab.bench.tune import ship
+
+    path = tmp_path / "shipped.json"
+    path.write_text(json.dumps({"configs": {}, "note": "kept"}))
+    key = "bfloat16|d128|q4096|k4096|causal|pipelined"
+    ship("New GPU", {key: dict(SHIPPED[key], ws=False)}, path, capability=(9, 0))
+    monkeypatch.setattr(ConfigCache, "SHIPPED", path)
+    monkeypatch.setenv("FA_LAB_CACHE_DIR", str(tmp_path / "user"))
+    assert strip(ConfigCache().get("Another GPU", key, (9, 0))) == SHIPPED[key]
+    assert json.loads(path.read_text())["note"] == "kept"
 
 
 def test_the_default_is_timed_once_when_a_neighbour_has_it(gpu, cache, monkeypatch):

@@ -54,13 +54,16 @@ def problems(args) -> list[dict]:
     return out
 
 
-def ship(device: str, tuned: dict, path=None) -> None:
-    """Merge ``{key: config}`` tuned on ``device`` into the shipped table (its note kept)."""
+def ship(device: str, tuned: dict, path=None, capability: tuple[int, int] | None = None) -> None:
+    """Merge ``{key: config}`` tuned on ``device`` into the shipped table (its note kept), with the
+    device's compute ``capability``, through which GPUs of the same architecture find the entries."""
     from fa_lab.kernels.triton.config_cache import ConfigCache
 
     path = path or ConfigCache.SHIPPED
     table = json.loads(path.read_text())
     table.setdefault("configs", {}).setdefault(device, {}).update(tuned)
+    if capability is not None:
+        table.setdefault("devices", {})[device] = list(capability)
     path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
@@ -88,7 +91,7 @@ def run(args) -> int:
 
         from fa_lab.kernels.triton import CACHE
 
-        ship(torch.cuda.get_device_name(), tuned)
+        ship(torch.cuda.get_device_name(), tuned, capability=torch.cuda.get_device_capability())
         print(f"{len(tuned)} keys merged into {CACHE.SHIPPED}")
     return 0
 

@@ -277,14 +277,15 @@ def bwd_dq(Q, K, V, DO, LSE2, Delta, DQ, O, LSE, DLSE,
 #: element size.  dK/dV keeps two (BLOCK_N, D) fp32 accumulators in registers, dQ one (BLOCK_M, D):
 #: candidates are the tiles that compile for sm_90 without spilling registers (Triton 3.6); the
 #: D = 64 and 128 entries are the fastest of those on an H100 (``tuner.tune_backward``, run by
-#: scripts/bench_ch5.py --sections tune).
+#: scripts/bench_ch5.py --sections tune), the D = 256 entry on an H200
+#: (docs/decisions/d256-backward-tiles.md).
 GPU_CONFIGS = {
     # (BLOCK_D, itemsize): (dkdv, dq)
     (16, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
     (32, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
     (64, 2): ((64, 64, 4, 2), (128, 64, 8, 3)),
     (128, 2): ((64, 128, 8, 2), (128, 64, 8, 3)),
-    (256, 2): ((32, 32, 4, 1), (64, 32, 8, 2)),
+    (256, 2): ((64, 64, 8, 2), (128, 32, 8, 3)),
     # fp32 runs its dots in IEEE fp32 on CUDA cores (not TF32): small tiles
     (16, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
     (32, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
@@ -295,9 +296,12 @@ GPU_CONFIGS = {
 #: the warp-specialized tiles (``bwd_ws``) per (BLOCK_D, itemsize), ``(dkdv, dq)``; ``None`` keeps
 #: GPU_CONFIGS' tile.  Taken only where ``bwd_ws.eligible`` (whole tiles, row-major tensors): elsewhere
 #: GPU_CONFIGS' tile runs.  At D = 128 the split dK/dV pass beat the best plain tile on every tuned
-#: row; its dQ pass did not (``docs/decisions/one-pass-backward.md``).
+#: row; its dQ pass did not (``docs/decisions/one-pass-backward.md``).  At D = 256: an H200
+#: (``docs/decisions/d256-backward-tiles.md``).
 WS_CONFIGS = {
     (128, 2): ((64, 128, 4, 2, True), None),
+    # at 8 warps Triton does not split the loop, but the kernel's descriptor (TMA) loads still pay
+    (256, 2): ((64, 64, 8, 2, True), None),
 }
 #: the interpreter runs a program's tile ops in NumPy: small tiles keep the CPU world quick
 CPU_CONFIG = ((16, 16, 4, 1), (16, 16, 4, 1))

@@ -3,7 +3,10 @@
 ``fa_lab/data/triton_fwd_configs.json`` ships with the package (tuned on the GPUs the book was
 recorded on); the user file (``$FA_LAB_CACHE_DIR`` or ``~/.cache/fa_lab``) collects what this
 machine tuned, so that a notebook re-run does not tune again.  Both hold
-``{"configs": {device: {key: config}}}``.
+``{"configs": {device: {key: config}}}``; the shipped file also names each device's compute
+capability (``{"devices": {device: [major, minor]}}``), so that a GPU with no entries of its own
+takes the entries tuned on another GPU of its architecture (an H200 those of an H100: the same SM,
+the same shared memory and registers per program, which is what a tile configuration depends on).
 
 Several processes may tune at once (a test run beside a notebook): a write takes a file lock,
 reads what the others wrote meanwhile, merges, and replaces the file through a temporary file
@@ -71,6 +74,17 @@ def read_configs(path: Path) -> dict:
     return out
 
 
+def read_capabilities(path: Path) -> dict[str, tuple[int, int]]:
+    """``{device: (major, minor)}`` from a cache file's ``devices`` table (empty where it has none)."""
+    try:
+        blob = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}   # read_configs has warned about this file already
+    table = blob.get("devices") if isinstance(blob, dict) else None
+    return {device: tuple(cap) for device, cap in (table or {}).items()
+            if isinstance(cap, list) and len(cap) == 2 and all(isinstance(c, int) for c in cap)}
+
+
 class ConfigCache:
     """Winning launch configs per device and key: the user's file first, then the shipped one."""
 
@@ -82,25 +96,34 @@ class ConfigCache:
         self.lock_path = self.user_path.with_name(self.user_path.name + ".lock")
         self._lock = threading.Lock()  # the file lock orders processes, this one the threads of one
         self._shipped = read_configs(self.SHIPPED)
+        self._shipped_capability = read_capabilities(self.SHIPPED)
         self._user = read_configs(self.user_path)
         self._warned_unwritable = False
 
-    def get(self, device: str, key: str) -> dict | None:
-        """The config tuned for ``key`` on ``device`` (without its timing), or None."""
-        for table in (self._user, self._shipped):
-            cfg = table.get(device, {}).get(key)
-            if cfg is not None:
-                return {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
-        return None
+    def tables(self, device: str, capability: tuple[int, int] | None = None) -> list[dict]:
+        """``{key: config}`` tables to look a key up in for ``device``, first to last: this machine's,
+        the shipped one, then (given the device's ``capability``, only when it has no shipped entries
+        of its own) the shipped tables of the devices of the same capability, by name."""
+        out = [self._user.get(device, {}), self._shipped.get(device, {})]
+        if capability is not None and device not in self._shipped:
+            out += [self._shipped[other] for other in sorted(self._shipped)
+                    if self._shipped_capability.get(other) == tuple(capability)]
+        return out
 
-    def search(self, device: str, key: str) -> str | None:
+    def _entry(self, device: str, key: str, capability) -> dict | None:
+        return next((t[key] for t in self.tables(device, capability) if key in t), None)
+
+    def get(self, device: str, key: str, capability: tuple[int, int] | None = None) -> dict | None:
+        """The config tuned for ``key`` on ``device`` (without its timing), or None; with the
+        device's ``capability``, a shipped entry of a device of the same architecture stands in."""
+        cfg = self._entry(device, key, capability)
+        return None if cfg is None else {k: cfg[k] for k in CONFIG_KEYS if k in cfg}
+
+    def search(self, device: str, key: str, capability: tuple[int, int] | None = None) -> str | None:
         """How ``key``'s entry was chosen: ``"full"`` (the whole search; every shipped entry) or
         ``"quick"`` (among the winners of nearby keys, on a miss), None if there is no entry."""
-        for table in (self._user, self._shipped):
-            cfg = table.get(device, {}).get(key)
-            if cfg is not None:
-                return cfg.get("search", "full")
-        return None
+        cfg = self._entry(device, key, capability)
+        return None if cfg is None else cfg.get("search", "full")
 
     def put(self, device: str, key: str, cfg: dict) -> None:
         """Remember ``cfg`` for ``key`` here and in the user file (merged with what others wrote)."""

@@ -113,7 +113,7 @@ def problem(spec, dtype: torch.dtype, variant: Variant, precision: str, host_des
                   ("HAS_LEFT", spec.left >= 0), ("HAS_RIGHT", spec.right >= 0), ("EXP2", variant.exp2),
                   ("SKIP_MASKED", variant.skip_masked), ("HOST_DESC", host_desc),
                   ("PRECISION", precision if work == torch.float32 else None))
-    major = device_facts(device_index(spec))[1] if ON_GPU else 0
+    major = device_facts(device_index(spec))[1][0] if ON_GPU else 0
     return Problem(scale * LOG2E if variant.exp2 else scale, host_desc, constexprs,
                    ws_fits_problem(spec, work, major))
 

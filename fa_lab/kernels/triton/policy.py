@@ -25,9 +25,9 @@ def device_index(spec) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def device_facts(index: int) -> tuple[str, int]:
-    """(device name, compute capability major) of one CUDA device, asked once."""
-    return torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index)[0]
+def device_facts(index: int) -> tuple[str, tuple[int, int]]:
+    """(device name, compute capability (major, minor)) of one CUDA device, asked once."""
+    return torch.cuda.get_device_name(index), tuple(torch.cuda.get_device_capability(index))
 
 
 def host_descriptors_pay(spec) -> bool:

@@ -77,16 +77,18 @@ def _key_fields(key: str):
     return dtype, d, math.log2(int(q[1:])), math.log2(int(k[1:])), mask, space
 
 
-def neighbour_configs(device: str, key: str, limit: int = QUICK_NEIGHBOURS) -> list[dict]:
+def neighbour_configs(device: str, key: str, limit: int = QUICK_NEIGHBOURS,
+                      capability: tuple[int, int] | None = None) -> list[dict]:
     """The winners of the cached keys nearest ``key``, nearest first, each configuration once.
 
     Near means the same head dim, mask and variant space, and length buckets a few powers of two
-    away (the other 16-bit type counts as half a power: fp16 and bf16 tiles behave alike).
+    away (the other 16-bit type counts as half a power: fp16 and bf16 tiles behave alike).  The
+    keys are those ``CACHE.tables(device, capability)`` holds.
     """
     dtype, d, q, k, mask, space = _key_fields(key)
     ranked = []
-    for table in (CACHE.user_entries(), CACHE.shipped_entries()):
-        for other in table.get(device, {}):
+    for table in CACHE.tables(device, capability):
+        for other in table:
             o_dtype, o_d, o_q, o_k, o_mask, o_space = _key_fields(other)
             if (o_d, o_mask, o_space) != (d, mask, space) or other == key:
                 continue
@@ -95,7 +97,7 @@ def neighbour_configs(device: str, key: str, limit: int = QUICK_NEIGHBOURS) -> l
             ranked.append((abs(q - o_q) + abs(k - o_k) + 0.5 * (o_dtype != dtype), other))
     out = []
     for _, other in sorted(ranked):
-        cfg = CACHE.get(device, other)
+        cfg = CACHE.get(device, other, capability)
         if cfg not in out:
             out.append(cfg)
     return out[:limit]
@@ -176,8 +178,8 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
         return FIXED_CONFIG
     space = variant.space + ("-tf32" if work == torch.float32 and precision == "tf32" else "")
     index = device_index(spec)
-    device, major = device_facts(index)
-    ws_fits = ws_fits_problem(spec, work, major)
+    device, capability = device_facts(index)
+    ws_fits = ws_fits_problem(spec, work, capability[0])
     memo = ResolvedKey(index, work, spec.head_dim, configs.length_bucket(spec.n_q), configs.length_bucket(spec.n_k),
                        spec.mask, space, ws_fits)
     cfg = None if retune else _RESOLVED.get(memo)
@@ -185,8 +187,9 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
         return cfg
     key = configs.config_key(spec, work, space)
     mode = "full" if retune else autotune_mode()
-    cfg = None if retune else CACHE.get(device, key)
-    if cfg is not None and mode == "full" and CACHE.search(device, key) == "quick":
+    # a GPU without tuned entries of its own takes those of its architecture's GPUs (config_cache)
+    cfg = None if retune else CACHE.get(device, key, capability)
+    if cfg is not None and mode == "full" and CACHE.search(device, key, capability) == "quick":
         cfg = None   # the full search was asked for: a quick choice made earlier does not stand in for it
     if cfg is None:
         d_pad = configs.head_dim_pad(spec.head_dim)
@@ -200,7 +203,7 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
             cands = list(candidates or configs.candidate_configs(variant.space, d_pad, work.itemsize, spec.n_q))
             refine = ()
             if candidates is None and variant.space == "pipelined":
-                extra, refine = tuner_extras(spec, work, major)
+                extra, refine = tuner_extras(spec, work, capability[0])
                 cands += extra
             started = time.perf_counter()
             _say(f"tuning the Triton forward for {key}: the full search, {len(cands)} configurations ...")
@@ -210,7 +213,7 @@ def choose_config(launch, spec, work: torch.dtype, variant: Variant, precision: 
         else:
             # the winners of the nearest tuned keys: one of them is usually the winner here too,
             # and timing a handful costs seconds where the full search costs tens of seconds
-            near = [c for c in neighbour_configs(device, key) if ws_fits or not c.get("ws")]
+            near = [c for c in neighbour_configs(device, key, capability=capability) if ws_fits or not c.get("ws")]
             if mode == "off" or not near:
                 cfg = near[0] if near else default
             else:
@@ -244,6 +247,9 @@ BWD_TUNE_CANDIDATES = {
                    (64, 64, 8, 3), (64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 128, 4, 2, True)],
           "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (128, 32, 8, 3), (64, 64, 8, 2),
                  (64, 64, 4, 2), (64, 32, 4, 3)]},
+    256: {"dkdv": [(64, 64, 8, 2), (64, 64, 8, 2, True), (64, 32, 4, 2, True), (32, 64, 8, 3), (32, 64, 8, 2),
+                   (64, 64, 8, 1), (128, 32, 8, 2), (64, 32, 4, 2), (32, 32, 4, 1)],
+          "dq": [(128, 32, 8, 3), (128, 64, 8, 1), (64, 64, 4, 2), (128, 32, 8, 2), (64, 32, 4, 1), (64, 32, 8, 2)]},
 }
 
 
