@@ -215,6 +215,10 @@ def test_device_presets_and_names():
         dev = devices.get_device(key)
         assert dev.sm_count > 0 and dev.hbm_bandwidth > 1e11 and dev.smem_per_sm >= 100 * 1024
         assert dev.tensor_flops["fp16"] > dev.cuda_flops["fp32"] > 1e12
+        # prose names a preset by its short name, and that name (spaces dropped) selects it again
+        assert dev.short and devices.get_device(dev.short.replace(" ", "")) is dev
+        assert devices.get_device(dev) is dev
+        assert devices.preset_for(dev.name) is dev
     dev, dt = devices.select("H100_80GB_fp16")
     assert dev.name.startswith("NVIDIA H100") and dt == "fp16"
     assert devices.select("rtx4090_bf16")[1] == "bf16" and devices.select("A100")[1] == "fp16"

@@ -30,6 +30,24 @@ def test_chapters_are_recorded_on_one_kind_of_gpu():
     assert len(set(devices.values())) == 1, devices
 
 
+def test_the_chapters_name_the_gpu_of_the_recordings():
+    from fa_lab.bench import recordings
+    from fa_lab.perf import devices
+
+    meta, _ = records.read(DATA_DIR / f"{TIED[0]}.json")
+    assert recordings.recorded_gpu() == meta["device"]
+    # the chapters set recorded numbers against this datasheet: it must be the recording GPU's own
+    assert recordings.recorded_device() is devices.preset_for(meta["device"])
+    assert records.gpu_name(meta) == recordings.recorded_device().short
+
+
+def test_gpu_name_of_a_recording():
+    assert records.gpu_name({"device": "NVIDIA H100 80GB HBM3"}) == "H100"
+    assert records.gpu_name({"device": "NVIDIA H200"}) == "H200"
+    assert records.gpu_name({"device": "NVIDIA B200"}) == "B200"   # no preset: the driver's name
+    assert records.gpu_name(None) == "GPU"
+
+
 def test_fingerprint_follows_the_source(tmp_path, monkeypatch):
     before = records.fingerprint("gpu_ch1_2")
     assert before == records.fingerprint("gpu_ch1_2") and len(before) == 16

@@ -28,15 +28,40 @@ def status(name: str, meta: dict) -> str:
     return "current" if meta.get("sources") == expected else "stale"
 
 
+def _newest_tied_device(table: list[dict]) -> str | None:
+    tied = [r for r in table if r["status"] in ("current", "stale")]
+    return max(tied, key=lambda r: r["date"])["device"] if tied else None
+
+
 def mark_other_gpus(table: list[dict]) -> None:
     """Mark 'other-gpu' the current tied rows whose device is not the newest tied row's."""
-    tied = [r for r in table if r["status"] in ("current", "stale")]
-    if not tied:
-        return
-    newest = max(tied, key=lambda r: r["date"])["device"]
-    for r in tied:
+    newest = _newest_tied_device(table)
+    for r in table:
         if r["status"] == "current" and r["device"] != newest:
             r["status"] = "other-gpu"
+
+
+def recorded_gpu() -> str | None:
+    """The GPU the recordings tied to code come from, as its driver names it (None without any).
+
+    Reads only the recordings' meta: whether each is current is ``rows()``'s (slower) question."""
+    from fa_lab.bench import records
+    from fa_lab.core.data import DATA_DIR
+
+    tied = []
+    for name in records.available():
+        if records.sources_of(name) is not None:
+            meta, _ = records.read(DATA_DIR / f"{name}.json")
+            tied.append(dict(status="current", date=str(meta.get("date") or ""), device=meta.get("device")))
+    return _newest_tied_device(tied)
+
+
+def recorded_device():
+    """The datasheet preset (``fa_lab.perf.devices``) of :func:`recorded_gpu`; the H100's without one,
+    so that the chapters' datasheet figures are those of the GPU their recorded numbers come from."""
+    from fa_lab.perf import devices
+
+    return devices.preset_for(recorded_gpu() or "") or devices.get_device("H100")
 
 
 def rows() -> list[dict]:

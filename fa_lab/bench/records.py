@@ -223,6 +223,15 @@ def label(meta) -> str:
             f"{str(meta.get('date'))[:10]}")
 
 
+def gpu_name(meta) -> str:
+    """How prose names the GPU a recording comes from: 'H200' (the driver's name for a GPU without a preset)."""
+    from fa_lab.perf.devices import preset_for
+
+    device = str((meta or {}).get("device") or "GPU")
+    preset = preset_for(device)
+    return preset.short if preset is not None else device.removeprefix("NVIDIA ")
+
+
 def command(meta) -> str:
     """The command that made a recording, without the recording machine's output folder (``--out DIR``)."""
     return re.sub(r"\s--out(-dir)?\s+\S+", "", str((meta or {}).get("command") or ""))

@@ -61,6 +61,7 @@ class Device:
     sfu_per_clk_per_sm: int = 16  # exp2 / rcp results per clock per SM
     source: str = ""
     measured: dict = field(default_factory=dict)   # what was replaced by a measurement, and from where
+    short: str = ""               # how prose names it: 'H100'
 
     @property
     def exp_rate(self) -> float:
@@ -156,7 +157,7 @@ def _add(key, *aliases, **kw):
 # FP8 1978.9 T; FP32 66.9 T; FP16/BF16 non-Tensor 133.8 T; HBM3 3.35 TB/s, 80 GB; 50 MB L2;
 # 228 KB shared memory per SM (up to 227 KB per block).
 _add("H100_80GB", "H100", "H100_SXM", "H100_SXM_80GB",
-     name="NVIDIA H100 SXM5 80GB", sm_count=132, boost_clock_mhz=1980, hbm_bandwidth=3.35e12,
+     name="NVIDIA H100 SXM5 80GB", short="H100", sm_count=132, boost_clock_mhz=1980, hbm_bandwidth=3.35e12,
      smem_per_sm=228 * 1024, l2_bytes=50 * 2**20, memory_bytes=80 * GB,
      tensor_flops={"fp16": 989.4 * TERA, "bf16": 989.4 * TERA, "tf32": 494.7 * TERA, "fp8": 1978.9 * TERA},
      cuda_flops={"fp32": 66.9 * TERA, "fp16": 133.8 * TERA, "bf16": 133.8 * TERA},
@@ -165,7 +166,7 @@ _add("H100_80GB", "H100", "H100_SXM", "H100_SXM_80GB",
 # NVIDIA H200 datasheet (SXM): the H100's compute (same GH100, 132 SMs, 1980 MHz: FP16/BF16 989 T
 # dense, TF32 494.7 T, FP8 1979 T, FP32 67 T) with 141 GB of HBM3e at 4.8 TB/s; 50 MB L2.
 _add("H200", "H200_141GB", "H200_SXM",
-     name="NVIDIA H200 SXM 141GB", sm_count=132, boost_clock_mhz=1980, hbm_bandwidth=4.8e12,
+     name="NVIDIA H200 SXM 141GB", short="H200", sm_count=132, boost_clock_mhz=1980, hbm_bandwidth=4.8e12,
      smem_per_sm=228 * 1024, l2_bytes=50 * 2**20, memory_bytes=141 * GB,
      tensor_flops={"fp16": 989.4 * TERA, "bf16": 989.4 * TERA, "tf32": 494.7 * TERA, "fp8": 1978.9 * TERA},
      cuda_flops={"fp32": 66.9 * TERA, "fp16": 133.8 * TERA, "bf16": 133.8 * TERA},
@@ -175,7 +176,7 @@ _add("H200", "H200_141GB", "H200_SXM",
 # FP16/BF16 Tensor 312 T dense, TF32 156 T; FP32 19.5 T; FP16 non-Tensor 78 T, BF16 non-Tensor 39 T;
 # HBM2e 2039 GB/s; 40 MB L2; 164 KB shared memory per SM (of 192 KB L1/shared).
 _add("A100_80GB", "A100", "A100_SXM_80GB",
-     name="NVIDIA A100 SXM4 80GB", sm_count=108, boost_clock_mhz=1410, hbm_bandwidth=2.039e12,
+     name="NVIDIA A100 SXM4 80GB", short="A100", sm_count=108, boost_clock_mhz=1410, hbm_bandwidth=2.039e12,
      smem_per_sm=164 * 1024, l2_bytes=40 * 2**20, memory_bytes=80 * GB,
      tensor_flops={"fp16": 312 * TERA, "bf16": 312 * TERA, "tf32": 156 * TERA},
      cuda_flops={"fp32": 19.5 * TERA, "fp16": 78 * TERA, "bf16": 39 * TERA},
@@ -185,7 +186,7 @@ _add("A100_80GB", "A100", "A100_SXM_80GB",
 # 121 T dense, TF32 120 T sparse → 60 T dense, FP8 485 T sparse → 242.5 T dense; FP32 30.3 T;
 # GDDR6 300 GB/s, 24 GB; 48 MB L2; 100 KB shared memory per SM (compute capability 8.9).
 _add("L4", "L4_24GB",
-     name="NVIDIA L4 24GB", sm_count=58, boost_clock_mhz=2040, hbm_bandwidth=300 * GB,
+     name="NVIDIA L4 24GB", short="L4", sm_count=58, boost_clock_mhz=2040, hbm_bandwidth=300 * GB,
      smem_per_sm=100 * 1024, l2_bytes=48 * 2**20, memory_bytes=24 * GB,
      tensor_flops={"fp16": 121 * TERA, "bf16": 121 * TERA, "tf32": 60 * TERA, "fp8": 242.5 * TERA},
      cuda_flops={"fp32": 30.3 * TERA, "fp16": 30.3 * TERA, "bf16": 30.3 * TERA},
@@ -195,7 +196,7 @@ _add("L4", "L4_24GB",
 # accumulate 142 T dense, with FP32 accumulate 71 T; BF16 (FP32 acc) 71 T; TF32 35.6 T; FP32 35.6 T;
 # GDDR6X 936 GB/s, 24 GB; 6 MB L2; 100 KB shared memory per SM (compute capability 8.6).
 _add("RTX3090", "RTX_3090", "RTX3090_24GB",
-     name="NVIDIA GeForce RTX 3090", sm_count=82, boost_clock_mhz=1695, hbm_bandwidth=936 * GB,
+     name="NVIDIA GeForce RTX 3090", short="RTX 3090", sm_count=82, boost_clock_mhz=1695, hbm_bandwidth=936 * GB,
      smem_per_sm=100 * 1024, l2_bytes=6 * 2**20, memory_bytes=24 * GB,
      tensor_flops={"fp16": 71 * TERA, "bf16": 71 * TERA, "tf32": 35.6 * TERA},
      cuda_flops={"fp32": 35.6 * TERA, "fp16": 35.6 * TERA, "bf16": 35.6 * TERA},
@@ -205,7 +206,7 @@ _add("RTX3090", "RTX_3090", "RTX3090_24GB",
 # FP16 accumulate 330.3 T dense, with FP32 accumulate 165.2 T; BF16 165.2 T; TF32 82.6 T;
 # FP8 (FP32 acc) 330.3 T; FP32 82.6 T; GDDR6X 1008 GB/s, 24 GB; 72 MB L2; 100 KB shared memory per SM.
 _add("RTX4090", "RTX_4090", "RTX4090_24GB",
-     name="NVIDIA GeForce RTX 4090", sm_count=128, boost_clock_mhz=2520, hbm_bandwidth=1008 * GB,
+     name="NVIDIA GeForce RTX 4090", short="RTX 4090", sm_count=128, boost_clock_mhz=2520, hbm_bandwidth=1008 * GB,
      smem_per_sm=100 * 1024, l2_bytes=72 * 2**20, memory_bytes=24 * GB,
      tensor_flops={"fp16": 165.2 * TERA, "bf16": 165.2 * TERA, "tf32": 82.6 * TERA, "fp8": 330.3 * TERA},
      cuda_flops={"fp32": 82.6 * TERA, "fp16": 82.6 * TERA, "bf16": 82.6 * TERA},
@@ -216,7 +217,7 @@ _add("RTX4090", "RTX_4090", "RTX4090_24GB",
 # TF32 56.3 T, FP8 (FP32 acc) 225.1 T; FP32 56.3 T (84 × 128 × 2 × 2.617 GHz); GDDR7 30 Gbps × 256 bit
 # = 960 GB/s, 16 GB; 64 MB L2; 100 KB shared memory per SM (compute capability 12.0).
 _add("RTX5080", "RTX_5080", "RTX5080_16GB",
-     name="NVIDIA GeForce RTX 5080", sm_count=84, boost_clock_mhz=2617, hbm_bandwidth=960 * GB,
+     name="NVIDIA GeForce RTX 5080", short="RTX 5080", sm_count=84, boost_clock_mhz=2617, hbm_bandwidth=960 * GB,
      smem_per_sm=100 * 1024, l2_bytes=64 * 2**20, memory_bytes=16 * GB,
      tensor_flops={"fp16": 112.6 * TERA, "bf16": 112.6 * TERA, "tf32": 56.3 * TERA, "fp8": 225.1 * TERA},
      cuda_flops={"fp32": 56.3 * TERA, "fp16": 56.3 * TERA, "bf16": 56.3 * TERA},
@@ -233,7 +234,10 @@ def device_names() -> list[str]:
     return names
 
 
-def get_device(name: str) -> Device:
+def get_device(name) -> Device:
+    """The preset called ``name`` (a :class:`Device` is returned as it is)."""
+    if isinstance(name, Device):
+        return name
     try:
         return DEVICES[name.upper().replace("-", "_")]
     except KeyError:
