@@ -418,6 +418,30 @@ def test_cli_lists_devices(capsys):
     assert rc == 0 and "RTX5080_fp16" in cap.out and "L4_bf16" in cap.out
 
 
+def test_the_model_takes_the_tiles_the_kernel_runs(monkeypatch):
+    """On a GPU without shipped entries of its own (an H200) the kernel runs its architecture's, and the
+    performance model must describe those tiles, not the untuned default."""
+    import types
+
+    import torch
+
+    from fa_lab.kernels.triton import CACHE, FINAL, config_key, policy
+    from fa_lab.perf import hardware
+
+    spec = types.SimpleNamespace(head_dim=128, n_q=4096, n_k=4096, mask="causal")
+    shipped = CACHE.get("NVIDIA H100 80GB HBM3", config_key(spec, torch.bfloat16, FINAL.space))
+    assert shipped is not None
+    monkeypatch.setattr(hardware, "ON_GPU", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(policy, "device_facts", lambda index: ("NVIDIA H200", (9, 0)))
+    blocks = hardware.kernel_blocks("triton", Problem(batch=4, heads=16, n_q=4096, head_dim=128, mask="causal",
+                                                      dtype="bf16"))
+    assert "source" not in blocks, blocks
+    assert {k: blocks[k] for k in ("block_m", "block_n", "num_warps", "num_stages")} == {
+        "block_m": shipped["BLOCK_M"], "block_n": shipped["BLOCK_N"], "num_warps": shipped["num_warps"],
+        "num_stages": shipped["num_stages"]}
+
+
 # ----------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
 def test_measure_kernels_on_the_gpu():

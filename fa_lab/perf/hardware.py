@@ -97,12 +97,15 @@ def kernel_blocks(kernel: str, p: Problem) -> dict:
             return dict(block_m=cfg.block_m, block_n=cfg.block_n, threads=cfg.threads)
         if kernel == "triton":
             from fa_lab.kernels.triton import CACHE, FINAL, config_key, default_config, head_dim_pad
+            from fa_lab.kernels.triton.policy import device_facts
 
             spec = SimpleNamespace(head_dim=p.head_dim, n_q=p.n_q, n_k=p.n_k, mask=p.mask)
             cfg = None
             if ON_GPU and p.dtype in ("fp16", "bf16", "fp32"):
                 key = config_key(spec, as_dtype(p.dtype), FINAL.space)
-                cfg = CACHE.get(torch.cuda.get_device_name(), key)
+                device, capability = device_facts(torch.cuda.current_device())
+                # the entry the kernel runs: a GPU without entries of its own takes its architecture's
+                cfg = CACHE.get(device, key, capability)
             if cfg is None:
                 cfg = default_config(FINAL.space, head_dim_pad(p.head_dim), p.n_q, p.mask)
                 cfg["source"] = "default (not tuned)"
