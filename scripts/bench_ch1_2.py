@@ -6,6 +6,7 @@ Writes gpu_ch1_2.json (fa_lab.bench.records format) into DIR (default fa_lab/dat
 """
 import argparse
 import sys
+import time
 
 import fa_lab  # noqa: F401  (first: picks the world)
 from fa_lab.bench import records, sweep, to_frame
@@ -20,10 +21,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not fa_lab.ON_GPU:
         sys.exit("bench_ch1_2 records GPU numbers: run it on a machine with a CUDA GPU")
+    t_start = time.perf_counter()
     measured = sweep(["naive_torch", "numba_naive"], SEQ_LENS, **CONFIG)
     measured += sweep(["naive_numpy", "online_numba"], SEQ_LENS[:4], **CONFIG)
     path = records.save("gpu_ch1_2", measured, command="python scripts/bench_ch1_2.py", directory=args.out,
-                         config=CONFIG)
+                         config=CONFIG, seconds=round(time.perf_counter() - t_start, 1))
     print(to_frame(measured)[["impl", "n_q", "ms", "tflops", "peak_extra_bytes", "status"]].to_string())
     print("wrote", path)
 

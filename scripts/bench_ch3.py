@@ -311,7 +311,8 @@ def main(argv=None):
 
     def save():   # after every section, so that a run cut short still leaves its numbers
         return recorded.save("gpu_ch3", records, command=COMMAND, directory=out_dir, shapes=SHAPES,
-                             memory_n=MEMORY_N, configs={D: repr(nt.config_for(D)) for D in (64, 128)})
+                             memory_n=MEMORY_N, configs={D: repr(nt.config_for(D)) for D in (64, 128)},
+                             seconds=round(time.time() - t0, 1))
 
     records += check()
     records += versus()

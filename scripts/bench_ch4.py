@@ -215,11 +215,12 @@ def main(argv=None):
         sys.exit("bench_ch4 records GPU numbers: run it on a machine with a CUDA GPU")
     out_dir = args.out
     records = []
+    t_start = time.perf_counter()
     rows = ROWS if args.rows is None else [ROWS[int(i)] for i in args.rows.split(",")]
 
     def flush():
         recorded.save("gpu_ch4", records, command="python scripts/bench_ch4.py" + (" --tune" if args.tune else ""),
-                      directory=out_dir, rows=[list(r) for r in ROWS])
+                      directory=out_dir, rows=[list(r) for r in ROWS], seconds=round(time.perf_counter() - t_start, 1))
 
     if args.tune:
         for row in rows:

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,10 +88,12 @@ def main(argv=None):
     from fa_lab.bench import records as recorded
 
     rows = []
+    t_start = time.perf_counter()
     for problem in PROBLEMS:
         rows.append(first_call(problem))
         print(rows[-1], flush=True)
-    path = recorded.save("gpu_first_call", rows, command="python scripts/bench_first_call.py", directory=args.out)
+    path = recorded.save("gpu_first_call", rows, command="python scripts/bench_first_call.py", directory=args.out,
+                         seconds=round(time.perf_counter() - t_start, 1))
     print("wrote", path)
 
 
