@@ -28,14 +28,14 @@ def status(name: str, meta: dict) -> str:
     return "current" if meta.get("sources") == expected else "stale"
 
 
-def _newest_tied_device(table: list[dict]) -> str | None:
-    tied = [r for r in table if r["status"] in ("current", "stale")]
-    return max(tied, key=lambda r: r["date"])["device"] if tied else None
+def _newest_device(tied: list[dict]) -> str | None:
+    """The device of the newest of ``tied`` (rows or metas with ``date`` and ``device``)."""
+    return max(tied, key=lambda r: str(r.get("date") or ""))["device"] if tied else None
 
 
 def mark_other_gpus(table: list[dict]) -> None:
     """Mark 'other-gpu' the current tied rows whose device is not the newest tied row's."""
-    newest = _newest_tied_device(table)
+    newest = _newest_device([r for r in table if r["status"] in ("current", "stale")])
     for r in table:
         if r["status"] == "current" and r["device"] != newest:
             r["status"] = "other-gpu"
@@ -48,12 +48,8 @@ def recorded_gpu() -> str | None:
     from fa_lab.bench import records
     from fa_lab.core.data import DATA_DIR
 
-    tied = []
-    for name in records.available():
-        if records.sources_of(name) is not None:
-            meta, _ = records.read(DATA_DIR / f"{name}.json")
-            tied.append(dict(status="current", date=str(meta.get("date") or ""), device=meta.get("device")))
-    return _newest_tied_device(tied)
+    return _newest_device([records.read(DATA_DIR / f"{name}.json")[0] for name in records.available()
+                           if records.sources_of(name) is not None])
 
 
 def recorded_device():
