@@ -4,6 +4,7 @@
     python scripts/record_gpu_bench.py                       # everything, into fa_lab/data/
     python scripts/record_gpu_bench.py --part seed-table latency --out-dir $OUT
     python scripts/record_gpu_bench.py --part sweep --impl triton sdpa-flash naive_torch
+    python scripts/record_gpu_bench.py --part seed-table --resume gpu_bench_h200_seed-table.json
 
 Parts (each one recording gpu_bench_<device>_<part>.json, the format of fa_lab.bench.records):
 
@@ -15,6 +16,9 @@ Parts (each one recording gpu_bench_<device>_<part>.json, the format of fa_lab.b
 
 Every part runs our kernels (every registered GPU implementation) against every SDPA backend
 (and flash-attn if installed) in the same process.  Out-of-memory and unsupported cases are rows.
+A part stopped by a time limit is saved as partial; ``--resume FILE`` measures only the cases that
+file lacks, on the same GPU with the same code, and saves them together (the file's meta lists how
+many records were carried over).
 """
 from __future__ import annotations
 
@@ -54,6 +58,24 @@ def device_tag() -> str:
     return "".join(c for c in name if c.isalnum())[:16] or "gpu"
 
 
+def resumable(path: str, parts: list[str]) -> tuple[dict, list]:
+    """``(meta, records)`` of a partial recording that this run can finish; SystemExit saying why not."""
+    meta, old = records.read(path)
+    part = meta.get("part")
+    why = None
+    if not meta.get("partial"):
+        why = "it is not partial (nothing to finish)"
+    elif part not in parts:
+        why = f"it records part {part!r}, this run measures {', '.join(parts)}"
+    elif meta.get("device") != runner.device_name():
+        why = f"it was measured on {meta.get('device')}, this is {runner.device_name()}"
+    elif meta.get("sources") != records.fingerprint(Path(path).stem):
+        why = "the code it measured has changed since"
+    if why:
+        raise SystemExit(f"record_gpu_bench: cannot resume {path}: {why}")
+    return meta, old
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", nargs="+", choices=list(PARTS), default=list(PARTS))
@@ -63,6 +85,8 @@ def main(argv=None) -> int:
                    help="speedup is measured against this (default sdpa-math: PyTorch's standard attention)")
     p.add_argument("--tag", help="device tag in the file names (default from the GPU's name)")
     p.add_argument("--allow-cpu", action="store_true", help="run in the CPU world too (a dry run)")
+    p.add_argument("--resume", metavar="FILE",
+                   help="a partial recording of one part, made on this GPU with this code: measure what it lacks")
     args = p.parse_args(argv)
 
     fa_lab.banner()
@@ -79,9 +103,15 @@ def main(argv=None) -> int:
     autotune = os.environ.get("FA_LAB_TRITON_AUTOTUNE", "1")
     # `timeout` sends SIGTERM: keep what was measured (the file says it is partial)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    resumed = resumable(args.resume, args.part) if args.resume else None
     for part in args.part:
         t0 = time.time()
-        measured, partial = [], False
+        measured, partial, done, earlier_s = [], False, frozenset(), 0.0
+        if resumed is not None and resumed[0]["part"] == part:
+            meta, measured = resumed
+            done, earlier_s = frozenset(map(runner.record_key, measured)), float(meta.get("seconds") or 0)
+            print(f"{part}: resuming {args.resume}: {len(measured)} cases measured before", flush=True)
+        carried = len(measured)
         try:
             for block in PARTS[part]:
                 block = dict(block)
@@ -89,7 +119,7 @@ def main(argv=None) -> int:
                 extra = [n for n in block.pop("extra_impls", []) if n not in impls]
                 if not fa_lab.ON_GPU:  # dry run: the smallest shape only
                     shapes = [configs.Shape(1, 2, 16, 16)]
-                for rec in runner.iter_suite(impls + extra, shapes, suite=part, progress=False, **block):
+                for rec in runner.iter_suite(impls + extra, shapes, suite=part, progress=False, done=done, **block):
                     measured.append(rec)
                     if len(measured) % 25 == 0:
                         print(f"  {part}: {len(measured)} cases, {time.time() - t0:.0f} s", flush=True)
@@ -98,8 +128,8 @@ def main(argv=None) -> int:
             print(f"{part}: interrupted after {len(measured)} cases; saving them", flush=True)
         measured = runner.compare(measured, baseline=args.baseline)
         json_path = records.save(f"gpu_bench_{tag}_{part}", measured, command=command.strip(), directory=args.out_dir,
-                                 part=part, partial=partial, seconds=round(time.time() - t0, 1),
-                                 triton_autotune=autotune)
+                                 part=part, partial=partial, seconds=round(earlier_s + time.time() - t0, 1),
+                                 triton_autotune=autotune, **({"resumed_records": carried} if carried else {}))
         if part == "sweep":  # a few hundred rows: print TFLOP/s at D = 64 and 128 as N × impl
             df = runner.to_frame(measured)
             ok = df[(df["status"] == "ok") & df["head_dim"].isin([64, 128])]

@@ -439,13 +439,7 @@ def test_wide_spread_lists_only_the_disturbed_cases_that_ran():
 
 def test_the_cudnn_gap_script_records_what_the_report_reads(tmp_path):
     """``scripts/bench_cudnn_gap.py --smoke``: ours and both SDPA peers timed in one run, a summary per mode."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_cudnn_gap.py"
-    spec = importlib.util.spec_from_file_location("bench_cudnn_gap", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _script("bench_cudnn_gap")
     meta, rows = records.read(bench.main(["--smoke", "--out", str(tmp_path)]))
     assert meta["command"].startswith("python scripts/bench_cudnn_gap.py") and meta.get("sources")
     df = pd.DataFrame.from_records(rows)
@@ -459,3 +453,42 @@ def test_the_cudnn_gap_script_records_what_the_report_reads(tmp_path):
     table = report.cudnn_gap(df)
     assert len(table) == len(bench.SMOKE_ROWS) and {"fwd ours", "fwd+bwd vs cudnn"} <= set(table.columns)
     assert table["fwd+bwd ours"].notna().all()
+
+
+def _script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_partial_suite_recording_is_resumed_where_it_stopped(tmp_path, monkeypatch):
+    """``record_gpu_bench.py --resume``: only the cases the partial file lacks run, and the file says so."""
+    script = _script("record_gpu_bench")
+    argv = ["--part", "latency", "--allow-cpu", "--impl", "naive_torch", "reference", "--out-dir", str(tmp_path),
+            "--tag", "t"]
+    assert script.main(argv) == 0
+    path = tmp_path / "gpu_bench_t_latency.json"
+    meta, rows = records.read(path)
+    assert len(rows) > 4
+    kept = rows[: len(rows) // 2]
+    with pytest.raises(SystemExit, match="not partial"):
+        script.main([*argv, "--resume", str(path)])
+    records.write(path, kept, dict(meta, partial=True, seconds=7.0))
+    with pytest.raises(SystemExit, match="this run measures seed-table"):
+        script.main([*argv[:1], "seed-table", *argv[2:], "--resume", str(path)])
+    ran = []
+    real = runner.benchmark
+    monkeypatch.setattr(runner, "benchmark", lambda *a, **kw: ran.append(kw) or real(*a, **kw))
+    assert script.main([*argv, "--resume", str(path)]) == 0
+    meta2, rows2 = records.read(path)
+    assert len(ran) == len(rows) - len(kept)      # the carried cases were not measured again
+    assert sorted(map(runner.record_key, rows2)) == sorted(map(runner.record_key, rows))
+    assert meta2["resumed_records"] == len(kept) and not meta2["partial"] and meta2["seconds"] >= 7.0
+    records.write(path, kept, dict(meta, partial=True, sources="something else"))
+    with pytest.raises(SystemExit, match="code it measured has changed"):
+        script.main([*argv, "--resume", str(path)])

@@ -1,4 +1,6 @@
 """Bad input raises a clear ValueError/TypeError naming what was expected."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -80,6 +82,16 @@ def test_a_checked_spec_is_reused_but_never_lets_bad_input_through():
         registry.check(impl, q, k.double(), v, causal=False)
     with pytest.raises(ValueError, match="window"):
         registry.check(impl, q, k, v, window=(-2, 0))
+    # a value of another type than the cached one is checked again, never answered from the cache
+    registry.check(impl, q, k, v, window=(2, 0))
+    with pytest.raises(TypeError):
+        registry.check(impl, q, k, v, window=(2.0, 0))
+    with pytest.raises(TypeError, match="causal"):
+        registry.check(impl, q, k, v, causal="yes")
+    # another implementation object under the same name (a benchmark peer) gets its own answer
+    other = dataclasses.replace(impl, dtypes=(torch.float64,))
+    with pytest.raises(ValueError, match="dtypes"):
+        registry.check(other, q, k, v, causal=False)
     no_backward = registry.get("naive_numpy")
     registry.check(no_backward, q, k, v, causal=False)
     with pytest.raises(ValueError, match="no backward"):

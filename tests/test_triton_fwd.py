@@ -191,6 +191,30 @@ def test_repeated_calls_reuse_the_launch_and_see_new_inputs():
         assert_close(lse, ref_lse, torch.float16)
 
 
+def test_a_repeated_call_runs_its_plan_on_this_calls_tensors():
+    # fa_lab.attention hands a repeated call the same spec: the second and later calls run the kept
+    # plan (no checks, no choice of configuration) and must still read this call's tensors
+    from fa_lab.kernels.triton import fwd
+
+    fwd.forget_plans()
+    for seed in (4, 5, 6):
+        q, k, v = random_qkv(1, 4, 24, 40, 16, kv_heads=2, dtype=torch.float16, seed=seed)
+        o, lse = fa_lab.attention(q, k, v, impl="triton", window=(9, 3), return_lse=True)
+        spec = fa_lab.make_spec(q, k, v, window=(9, 3))
+        ref_o, ref_lse = reference_attention(q, k, v, spec)
+        assert_close(o, ref_o, torch.float16)
+        assert_close(lse, ref_lse, torch.float16)
+    assert len(fwd._PLANS) == 1   # one problem, one plan
+    plan = next(iter(fwd._PLANS.values()))
+    assert plan.spec.window == (9, 3) and plan.spec.kv_heads == 2
+    # options other than the defaults never take or leave a plan
+    q, k, v = random_qkv(1, 2, 24, 24, 16, dtype=torch.float32, seed=7)
+    spec = fa_lab.make_spec(q, k, v)
+    o, _ = triton_forward(q, k, v, spec, precision="tf32")
+    assert id(spec) not in fwd._PLANS
+    assert_close(o, reference_attention(q, k, v, spec)[0], torch.float16)
+
+
 @pytest.mark.parametrize("scale", [0.0, -0.3, 2.5])
 def test_any_scale(scale):
     q, k, v = random_qkv(1, 2, 20, 31, 16, dtype=torch.float32, seed=6)

@@ -19,7 +19,7 @@ import torch
 from fa_lab.bench import records as recordings
 from fa_lab.bench.configs import Shape
 from fa_lab.bench.measure import benchmark, plot, to_frame
-from fa_lab.bench.peers import PEERS
+from fa_lab.bench.peers import PEERS, canonical_name
 from fa_lab.bench.timer import CPU_TIMER, GPU_TIMER
 from fa_lab.core import registry
 from fa_lab.core.dtypes import as_dtype, long_name
@@ -128,6 +128,17 @@ def _shape_key(r):
             r["causal"], r["window_left"], r["window_right"], r["mode"])
 
 
+def case_key(impl, shape: Shape, dtype, causal: bool, window, mode: str) -> tuple:
+    """What names one case of the suite: equal to ``record_key`` of the record it gives."""
+    return (canonical_name(impl), shape.batch, shape.heads, shape.kv_heads or shape.heads, shape.n_q,
+            shape.n_k or shape.n_q, shape.head_dim, long_name(dtype), causal, window[0], window[1], mode)
+
+
+def record_key(r: dict) -> tuple:
+    """``case_key`` of the case a record measured."""
+    return (canonical_name(r["impl"]), *_shape_key(r))
+
+
 def cases(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd",), window=(-1, -1)):
     """Every combination, shape outermost so that one shape's rows sit together."""
     for shape in shapes:
@@ -152,8 +163,10 @@ def run_suite(impls, shapes, *, baseline=None, **kwargs) -> list[dict]:
 
 def iter_suite(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd",), window=(-1, -1),
                baseline=None, warmup=None, rep=None, gpu_ms=None, check=True, max_ms=None, suite="custom",
-               progress=True, seed=0):
+               progress=True, seed=0, done=frozenset()):
     """Yield one record per case as it is measured (``compare`` fills the cross-row columns).
+
+    ``done``: ``case_key``s of cases measured before (a resumed recording); they are left out.
 
     ``max_ms``: skip a case whose time, predicted from the same implementation's last
     measured shape scaled by FLOPs, would exceed this many milliseconds per call (sweeps
@@ -172,7 +185,8 @@ def iter_suite(impls, shapes, *, dtypes=("fp32",), masks=("none",), modes=("fwd"
         if name not in known:
             raise ValueError(f"unknown impl {name!r}; known: {', '.join(known)}")
     device = device_name()
-    todo = list(cases(impls, shapes, dtypes=dtypes, masks=masks, modes=modes, window=window))
+    todo = [case for case in cases(impls, shapes, dtypes=dtypes, masks=masks, modes=modes, window=window)
+            if case_key(*case) not in done]
     last = {}
     timing = dict(gpu_ms=gpu_ms)
     if warmup is not None:

@@ -151,35 +151,38 @@ _PLAIN = (bool, int, float, type(None))
 def _spec_key(implementation: Implementation, q, k, v, mask: dict):
     """What decides ``check``'s answer, hashable; None where a value is not plain (then nothing is cached).
 
-    Values carry their type: ``causal=1`` must still be refused although ``1 == True``.
+    Values carry their type: ``causal=1`` must still be refused although ``1 == True``.  Built in
+    one pass: this runs on every call, and at small sizes a call is mostly host time.
     """
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
-    items = []
+    key = [implementation.name, q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device]
     for name, value in mask.items():
-        if isinstance(value, (tuple, list)):
-            if not all(type(x) in _PLAIN for x in value):
+        kind = type(value)
+        if kind in _PLAIN:
+            key += (name, kind, value)
+        elif kind is tuple or kind is list:
+            kinds = tuple(map(type, value))
+            if not all(t in _PLAIN for t in kinds):
                 return None
-            value = (type(value), tuple((type(x), x) for x in value))
-        elif type(value) in _PLAIN:
-            value = (type(value), value)
+            key += (name, kind, kinds, tuple(value))
         else:   # a tensor (ALiBi slopes): checked every call
             return None
-        items.append((name, value))
-    return (implementation.name, id(implementation), q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, tuple(items))
+    return tuple(key)
 
 
 def check(implementation: Implementation, q, k, v, **mask) -> AttentionSpec:
     """``checked_spec`` for an implementation already in hand (a registered one, or a benchmark peer)."""
     key = _spec_key(implementation, q, k, v, mask)
-    spec = _CHECKED.get(key) if key is not None else None
+    found = _CHECKED.get(key) if key is not None else None
+    # the entry holds its implementation: a peer that shares a registered name does not share its answers
+    spec = found[1] if found is not None and found[0] is implementation else None
     if spec is None:
         spec = _checked_spec(implementation, q, k, v, mask)
         if key is not None:
             if len(_CHECKED) >= _CHECKED_MAX:
                 _CHECKED.clear()
-            _CHECKED[key] = spec
+            _CHECKED[key] = (implementation, spec)
     if not (implementation.backward or implementation.autograd) and torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad):
         with_backward = ", ".join(n for n, i in implementations().items() if i.backward)

@@ -2,6 +2,8 @@
 
 ``make_launcher(q, k, v, spec)`` does the per-call work once and returns ``launch(cfg)``,
 which the tuner calls once per candidate and ``triton_forward`` once with the chosen config.
+A repeated call skips the checks and the choice: ``triton_forward`` keeps them as a plan and
+runs ``prepare_inputs``, ``new_outputs`` and ``launch_kernel`` alone.
 """
 from __future__ import annotations
 
@@ -143,6 +145,44 @@ def descriptor_scratch(size: int, alignment: int, stream):
     return torch.empty(size, device="cuda", dtype=torch.int8)
 
 
+def new_outputs(spec, work: torch.dtype, device):
+    """Fresh ``o`` (in the dtype the kernel computes in) and ``lse`` (float32) of one call."""
+    o = torch.empty((spec.batch, spec.heads, spec.n_q, spec.head_dim), dtype=work, device=device)
+    lse = torch.empty((spec.batch, spec.heads, spec.n_q), dtype=torch.float32, device=device)
+    return o, lse
+
+
+def launch_kernel(prob: Problem, cfg: dict, inputs: tuple, outputs: tuple, spec, *, launch_meta: tuple | None = None,
+                  warmup: bool = False):
+    """Launch the forward once with configuration ``cfg`` on prepared ``inputs`` (q, k, v) into ``outputs``
+    (o, lse); ``warmup=True`` only compiles and returns the compiled kernel.  ``launch_meta`` is
+    ``prob.launch_meta`` of ``cfg`` when the caller kept it."""
+    q_, k_, v_ = inputs
+    B, H, Hkv, Nq, Nk, D = spec.batch, spec.heads, spec.kv_heads, spec.n_q, spec.n_k, spec.head_dim
+    grid, meta, cfg_key = launch_meta or prob.launch_meta(cfg, Nq, Nk, B * H)
+    rest = (*outputs, prob.qk_scale, Nq, Nk, H, Hkv, spec.left, spec.right)
+    if meta["HOST_DESC"]:  # over the rows of all heads, (B·H·N, D)
+        bm, bn, bn_edge, d_pad = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_N_EDGE"], meta["D_PAD"]
+
+        def rows(t, n, block):
+            return TensorDescriptor(t.view(n, D), [n, D], [D, 1], [block, d_pad])
+        desc_k, desc_v = rows(k_, B * Hkv * Nk, bn), rows(v_, B * Hkv * Nk, bn)
+        tensors = (rows(q_, B * H * Nq, bm), desc_k, desc_v,
+                   *((desc_k, desc_v) if bn_edge == bn else
+                     (rows(k_, B * Hkv * Nk, bn_edge), rows(v_, B * Hkv * Nk, bn_edge))))
+    else:
+        tensors = (q_, k_, v_, k_, v_)  # the kernel builds its descriptors (edge tiles too)
+        if ON_GPU:
+            triton.set_allocator(descriptor_scratch)  # a context variable: set it where the launch happens
+    warps, stages = cfg["num_warps"], cfg["num_stages"]
+    if warmup:
+        return attn_fwd.warmup(*tensors, *rest, **meta, num_warps=warps, num_stages=stages, grid=grid)
+    if not ON_GPU:
+        return attn_fwd[grid](*tensors, *rest, **meta, num_warps=warps, num_stages=stages)
+    key = (prob, cfg_key, q_.device.index)  # the problem fixes shapes, masks and dtype
+    return fast_launch.launch(attn_fwd, key, grid, (*tensors, *rest), meta, warps, stages)
+
+
 def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "ieee", host_desc: bool | None = None):
     """Check and prepare the inputs once; return ``(launch, o, lse, work_dtype)``.
 
@@ -154,31 +194,9 @@ def make_launcher(q, k, v, spec, *, variant: Variant = FINAL, precision: str = "
     """
     prob = problem(spec, q.dtype, variant, precision, host_desc)
     q_, k_, v_, _, work = prepare_inputs(q, k, v, spec)
-    B, H, Hkv, Nq, Nk, D = spec.batch, spec.heads, spec.kv_heads, spec.n_q, spec.n_k, spec.head_dim
-    o = torch.empty((B, H, Nq, D), dtype=work, device=q.device)
-    lse = torch.empty((B, H, Nq), dtype=torch.float32, device=q.device)
-    rest = (o, lse, prob.qk_scale, Nq, Nk, H, Hkv, spec.left, spec.right)
+    o, lse = new_outputs(spec, work, q.device)
 
     def launch(cfg, warmup=False):
-        grid, meta, cfg_key = prob.launch_meta(cfg, Nq, Nk, B * H)
-        bm, bn, bn_edge, d_pad = meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_N_EDGE"], meta["D_PAD"]
-        if meta["HOST_DESC"]:  # over the rows of all heads, (B·H·N, D)
-            def rows(t, n, block):
-                return TensorDescriptor(t.view(n, D), [n, D], [D, 1], [block, d_pad])
-            desc_k, desc_v = rows(k_, B * Hkv * Nk, bn), rows(v_, B * Hkv * Nk, bn)
-            tensors = (rows(q_, B * H * Nq, bm), desc_k, desc_v,
-                       *((desc_k, desc_v) if bn_edge == bn else
-                         (rows(k_, B * Hkv * Nk, bn_edge), rows(v_, B * Hkv * Nk, bn_edge))))
-        else:
-            tensors = (q_, k_, v_, k_, v_)  # the kernel builds its descriptors (edge tiles too)
-            if ON_GPU:
-                triton.set_allocator(descriptor_scratch)  # a context variable: set it where the launch happens
-        warps, stages = cfg["num_warps"], cfg["num_stages"]
-        if warmup:
-            return attn_fwd.warmup(*tensors, *rest, **meta, num_warps=warps, num_stages=stages, grid=grid)
-        if not ON_GPU:
-            return attn_fwd[grid](*tensors, *rest, **meta, num_warps=warps, num_stages=stages)
-        key = (prob, cfg_key, q.device.index)  # the problem fixes shapes, masks and dtype
-        return fast_launch.launch(attn_fwd, key, grid, (*tensors, *rest), meta, warps, stages)
+        return launch_kernel(prob, cfg, (q_, k_, v_), (o, lse), spec, warmup=warmup)
 
     return launch, o, lse, work

@@ -6,12 +6,13 @@ accumulators, shared memory for the pipelined K/V tiles) for smaller tiles only,
 its exact (IEEE) products on the CUDA cores, where small tiles are the fast ones.  In the CPU
 world the interpreter runs every tile operation as NumPy: tiles of 16 keep it quick.
 
-The backward entries start from chapter 5's measured H100 winners for the same kernel shapes
+The backward entries are chapter 5's measured winners for the same kernel shapes
 (``fa_lab.kernels.triton.bwd.GPU_CONFIGS``); the dK/dV kernel's ``BLOCK_N`` is its stationary key
 block, ``BLOCK_M`` the query tile it streams.  The 16-bit forward entries for D = 64 and 128 and
-the backward entries for D = 64 are the fastest of a small sweep on an H100 (Triton 3.6, 4
+the backward's dQ tile for D = 64 are the fastest of a small sweep on an H100 (Triton 3.6, 4
 sequences of 4096, 16 heads, one timing each); D = 128's backward keeps chapter 5's pair, which
-beat the sweep's dK/dV winner under a causal mask.
+beat the sweep's dK/dV winner under a causal mask, and D = 256's takes chapter 5's H200 winners
+(``docs/decisions/d256-backward-tiles.md``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import triton
 
 from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.triton import bwd
 
 #: the interpreter's configuration, every kernel
 CPU_CONFIG = (16, 16, 1, 1)
@@ -37,19 +39,9 @@ FORWARD = {
     (256, 4): (32, 16, 4, 1),
 }
 
-#: backward, (BLOCK_D, itemsize) -> (dK/dV config, dQ config)
-BACKWARD = {
-    (16, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
-    (32, 2): ((64, 128, 8, 3), (128, 64, 4, 3)),
-    (64, 2): ((64, 64, 4, 2), (64, 64, 4, 3)),
-    (128, 2): ((64, 128, 8, 2), (128, 64, 8, 3)),
-    (256, 2): ((32, 32, 4, 1), (64, 32, 8, 2)),
-    (16, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
-    (32, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
-    (64, 4): ((16, 64, 8, 1), (64, 32, 8, 1)),
-    (128, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
-    (256, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
-}
+#: backward, (BLOCK_D, itemsize) -> (dK/dV config, dQ config): chapter 5's tiles, whose kernels have the
+#: same shapes, except the dQ tile at D = 64, where the smaller tile won the sweep
+BACKWARD = {**bwd.GPU_CONFIGS, (64, 2): (bwd.GPU_CONFIGS[(64, 2)][0], (64, 64, 4, 3))}
 
 
 def block_d(head_dim: int) -> int:
