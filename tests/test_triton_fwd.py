@@ -191,7 +191,7 @@ def test_repeated_calls_reuse_the_launch_and_see_new_inputs():
         assert_close(lse, ref_lse, torch.float16)
 
 
-def test_a_repeated_call_runs_its_plan_on_this_calls_tensors():
+def test_a_repeated_call_runs_its_plan_on_this_calls_tensors(monkeypatch):
     # fa_lab.attention hands a repeated call the same spec: the second and later calls run the kept
     # plan (no checks, no choice of configuration) and must still read this call's tensors
     from fa_lab.kernels.triton import fwd
@@ -212,6 +212,18 @@ def test_a_repeated_call_runs_its_plan_on_this_calls_tensors():
     spec = fa_lab.make_spec(q, k, v)
     o, _ = triton_forward(q, k, v, spec, precision="tf32")
     assert id(spec) not in fwd._PLANS
+    assert_close(o, reference_attention(q, k, v, spec)[0], torch.float16)
+    # a retune changes the winner of a key every spec of that key shares: no plan outlives it
+    q, k, v = random_qkv(1, 2, 24, 24, 16, dtype=torch.float16, seed=8)
+    spec = fa_lab.make_spec(q, k, v)
+    triton_forward(q, k, v, spec)
+    assert fwd._PLANS[id(spec)].spec is spec
+    # (the choice itself as without a retune: a real retune would write the shared config cache)
+    choose = fwd.choose_config
+    monkeypatch.setattr(fwd, "choose_config", lambda launch, spec, work, variant, precision, **kw:
+                        choose(launch, spec, work, variant, precision))
+    o, _ = triton_forward(q, k, v, spec, retune=True)
+    assert fwd._PLANS == {}
     assert_close(o, reference_attention(q, k, v, spec)[0], torch.float16)
 
 
