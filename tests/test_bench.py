@@ -492,3 +492,21 @@ def test_a_partial_suite_recording_is_resumed_where_it_stopped(tmp_path, monkeyp
     records.write(path, kept, dict(meta, partial=True, sources="something else"))
     with pytest.raises(SystemExit, match="code it measured has changed"):
         script.main([*argv, "--resume", str(path)])
+
+
+def test_a_chapter_quotes_the_cudnn_gap_from_the_table():
+    t = pd.DataFrame([dict(shape="(4, 16, 4096, 128)", mask="none", dtype="bfloat16"),
+                      dict(shape="(2, 16, 8192, 256)", mask="causal", dtype="bfloat16")])
+    for mode, ratios in (("fwd", [0.9, 0.8]), ("fwd+bwd", [0.7, 0.75])):
+        t[f"{mode} ours"], t[f"{mode} cudnn"] = [500.0, 400.0], [500.0 / r for r in ratios]
+        t[f"{mode} vs cudnn"], t[f"{mode} vs flash"] = ratios, [1.5, 1.6]
+    part, kinds, quoted = report.cudnn_gap_mode(t, "fwd+bwd")
+    assert list(part.columns) == ["shape", "mask", "fwd+bwd ours", "fwd+bwd cudnn", "fwd+bwd vs cudnn",
+                                  "fwd+bwd vs flash"] and set(kinds) == set(part.columns)
+    assert quoted == dict(low="0.70×", high="0.75×", low_row="(4, 16, 4096, 128)",
+                          high_row="(2, 16, 8192, 256) causal")
+    assert report.cudnn_gap_mode(t, "fwd")[2]["low_row"] == "(2, 16, 8192, 256) causal"
+    t["fwd vs cudnn"] = float("nan")     # cuDNN declined every row: nothing to quote, no error
+    assert report.cudnn_gap_mode(t, "fwd")[2] == {}
+    with pytest.raises(ValueError, match="mode"):
+        report.cudnn_gap_mode(t, "bwd")

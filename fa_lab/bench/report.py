@@ -74,6 +74,30 @@ def cudnn_gap(df):
                                           for name in GAP_COLUMNS.values()]).reset_index()
 
 
+def cudnn_gap_mode(gap_table, mode: str):
+    """One mode's part of ``cudnn_gap`` (``"fwd"`` or ``"fwd+bwd"``) for a chapter: ``(table, kinds, quoted)``.
+
+    ``kinds`` formats its columns for ``fa_lab.core.tables.table``; ``quoted`` is what prose says of it:
+    the lowest and highest ratio to cuDNN (``low``, ``high``) and the rows where they fall (``low_row``,
+    ``high_row``, e.g. ``'(2, 16, 8192, 256) causal'``).
+    """
+    if mode not in ("fwd", "fwd+bwd"):
+        raise ValueError(f"mode must be 'fwd' or 'fwd+bwd', got {mode!r}")
+    part = gap_table[["shape", "mask", *(f"{mode} {name}" for name in GAP_COLUMNS.values())]]
+    kinds = {"shape": "text", "mask": "text",
+             **{f"{mode} {name}": "ratio" if name.startswith("vs ") else "tflops" for name in GAP_COLUMNS.values()}}
+    ratio = part[f"{mode} vs cudnn"].dropna()
+    if ratio.empty:   # cuDNN declined every row (no GPU, or no cuDNN): nothing to quote
+        return part, kinds, {}
+
+    def row(i):
+        return f"{part.loc[i, 'shape']}{'' if part.loc[i, 'mask'] == 'none' else ' ' + part.loc[i, 'mask']}"
+
+    quoted = dict(low=f"{ratio.min():.2f}×", high=f"{ratio.max():.2f}×", low_row=row(ratio.idxmin()),
+                  high_row=row(ratio.idxmax()))
+    return part, kinds, quoted
+
+
 #: the questions of the decision table: (question, suite, filter, time column)
 SCENARIOS = [
     ("training: bf16, causal, fwd+bwd, seed-table shapes (16k tokens, D = 128)", "seed-table",
