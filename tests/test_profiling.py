@@ -703,6 +703,9 @@ def test_chapter_on_the_recording_quotes_every_number(monkeypatch):
 
 
 def test_chapter_without_a_recording_still_glues_every_name(monkeypatch, tmp_path):
+    from fa_lab.bench import records
+
+    monkeypatch.setattr(records, "load", lambda name: (None, None))   # no benchmark recording either
     glued = _run_cells(monkeypatch, tmp_path)
     assert _glue_keys() <= set(glued)
     assert glued["ch11_fwd_sm"] == ncu.NOT_RECORDED and glued["_shown"] == []
