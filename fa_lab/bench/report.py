@@ -74,6 +74,13 @@ def cudnn_gap(df):
                                           for name in GAP_COLUMNS.values()]).reset_index()
 
 
+def cudnn_gap_kinds(columns) -> dict:
+    """How ``fa_lab.core.tables.table`` shows ``cudnn_gap``'s ``columns``: shape and mask as text, the
+    ratios ("fwd vs cudnn") as ratios, the other measured columns as TFLOP/s."""
+    return {c: "text" if c in ("shape", "mask") else "ratio" if " vs " in c else "tflops"
+            for c in columns if c in ("shape", "mask") or c.startswith("fwd")}
+
+
 def cudnn_gap_mode(gap_table, mode: str):
     """One mode's part of ``cudnn_gap`` (``"fwd"`` or ``"fwd+bwd"``) for a chapter: ``(table, kinds, quoted)``.
 
@@ -84,8 +91,7 @@ def cudnn_gap_mode(gap_table, mode: str):
     if mode not in ("fwd", "fwd+bwd"):
         raise ValueError(f"mode must be 'fwd' or 'fwd+bwd', got {mode!r}")
     part = gap_table[["shape", "mask", *(f"{mode} {name}" for name in GAP_COLUMNS.values())]]
-    kinds = {"shape": "text", "mask": "text",
-             **{f"{mode} {name}": "ratio" if name.startswith("vs ") else "tflops" for name in GAP_COLUMNS.values()}}
+    kinds = cudnn_gap_kinds(part.columns)
     ratio = part[f"{mode} vs cudnn"].dropna()
     if ratio.empty:   # cuDNN declined every row (no GPU, or no cuDNN): nothing to quote
         return part, kinds, {}
