@@ -52,7 +52,20 @@ def test_fingerprint_follows_the_source(tmp_path, monkeypatch):
     before = records.fingerprint("gpu_ch1_2")
     assert before == records.fingerprint("gpu_ch1_2") and len(before) == 16
     assert records.fingerprint("gpu_notebooks") is None
-    assert records.fingerprint("gpu_bench_h100_sweep") == records.fingerprint("gpu_bench_h100_latency")
+    # one suite's parts measure the same kernels; the sweep times forwards alone, so the backward is not in it
+    assert records.fingerprint("gpu_bench_h100_seed-table") == records.fingerprint("gpu_bench_h100_latency")
+    assert records.fingerprint("gpu_bench_h100_sweep") != records.fingerprint("gpu_bench_h100_latency")
+
+
+def test_a_recording_of_forwards_alone_leaves_the_backward_out(monkeypatch):
+    assert [n for n in ("gpu_ch4", "gpu_ch5", "gpu_first_call", "gpu_cudnn_gap", "gpu_bench_h200_sweep",
+                        "gpu_bench_h200_seed-table") if records.forward_only(n)] == [
+        "gpu_ch4", "gpu_first_call", "gpu_bench_h200_sweep"]
+    before = {n: records.fingerprint(n) for n in ("gpu_ch4", "gpu_ch5")}
+    # counting the backward's files in changes the forward recording's fingerprint, and only that one
+    monkeypatch.setattr(records, "BACKWARD_FILES", ())
+    assert records.fingerprint("gpu_ch4") != before["gpu_ch4"]
+    assert records.fingerprint("gpu_ch5") == before["gpu_ch5"]
 
 
 @pytest.mark.parametrize("name", TIED)
