@@ -107,6 +107,19 @@ def sdpa_flash_forward(q, k, v, spec):
     return out[0], out[1]
 
 
+#: the descriptor dK/dV tiles tried beside the plain ones: unsplit (``bwd.WARP_SPECIALIZE_DKDV``), where 8 warps
+#: pay; the tuner's own table lists the 4-warp tiles of the warp-specialized split
+DESCRIPTOR_TILES = {128: [(64, 128, 8, 3, True), (64, 128, 8, 2, True), (32, 128, 8, 3, True)],
+                    256: [(64, 64, 8, 2, True), (64, 64, 8, 3, True)]}
+
+
+def tune_candidates(head_dim):
+    """``tuner.tune_backward``'s candidates for ``head_dim``, with ``DESCRIPTOR_TILES`` as the descriptor tiles."""
+    block = bwd.block_d(head_dim)
+    table = tuner.BWD_TUNE_CANDIDATES[block]
+    return dict(dkdv=[c for c in table["dkdv"] if len(c) == 4] + DESCRIPTOR_TILES.get(block, []), dq=table["dq"])
+
+
 def tune_row(row, dtype="float16"):
     """Time the dK/dV and dQ kernels alone for every candidate (fa_lab.kernels.triton.tuner.tune_backward)."""
     B, H, N, D, causal = row
@@ -114,7 +127,7 @@ def tune_row(row, dtype="float16"):
     spec = fa_lab.make_spec(q, k, v, causal=causal)
     o, lse = sdpa_flash_forward(q, k, v, spec)
     t0 = time.perf_counter()
-    timed = tuner.tune_backward(q, k, v, o, lse, do, spec)
+    timed = tuner.tune_backward(q, k, v, o, lse, do, spec, tune_candidates(D))
     # each kernel does part of the backward: TFLOP/s against the whole backward's FLOPs, for scale
     flops = attention_flops(B, H, N, N, D, causal=causal, mode="bwd")
     recs = []

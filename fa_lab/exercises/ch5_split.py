@@ -91,7 +91,9 @@ def attention_dkdv_split(q, k, v, o, do, lse, delta, causal=False):
     grid = (n_k // block_n, B * h_kv)
     dkdv_split_kernel[grid](q, k, v, do, lse, delta, dk, dv, 1.0 / math.sqrt(d), H, h_kv, n_q, n_k,
                             HEAD_DIM=d, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
-                            WARP_SPECIALIZE=fa_lab.ON_GPU, num_warps=4, num_stages=2)   # 4 warps: 12 once split
+                            WARP_SPECIALIZE=False, num_warps=8, num_stages=3)
+    # graded unsplit, as the library runs it: Triton 3.6's split of this loop now and then returned a NaN
+    # tile (docs/decisions/split-backward-race.md); split_report shows what the split makes of it
     return dk, dv
 
 

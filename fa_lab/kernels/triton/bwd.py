@@ -293,16 +293,19 @@ GPU_CONFIGS = {
     (128, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
     (256, 4): ((16, 32, 8, 1), (32, 16, 8, 1)),
 }
-#: the warp-specialized tiles (``bwd_ws``) per (BLOCK_D, itemsize), ``(dkdv, dq)``; ``None`` keeps
+#: the descriptor (TMA) tiles (``bwd_ws``) per (BLOCK_D, itemsize), ``(dkdv, dq)``; ``None`` keeps
 #: GPU_CONFIGS' tile.  Taken only where ``bwd_ws.eligible`` (whole tiles, row-major tensors): elsewhere
-#: GPU_CONFIGS' tile runs.  At D = 128 the split dK/dV pass beat the best plain tile on every tuned
-#: row; its dQ pass did not (``docs/decisions/one-pass-backward.md``).  At D = 256: an H200
-#: (``docs/decisions/d256-backward-tiles.md``).
+#: GPU_CONFIGS' tile runs.  At D = 128 and D = 256 the dK/dV pass through descriptors beat the best plain
+#: tile on an H200 (``docs/decisions/split-backward-race.md``, ``docs/decisions/d256-backward-tiles.md``).
 WS_CONFIGS = {
-    (128, 2): ((64, 128, 4, 2, True), None),
-    # at 8 warps Triton does not split the loop, but the kernel's descriptor (TMA) loads still pay
+    (128, 2): ((64, 128, 8, 3, True), None),
     (256, 2): ((64, 64, 8, 2, True), None),
 }
+#: Whether the descriptor dK/dV pass asks Triton to warp-specialize its loop (a producer warpgroup and two
+#: consumer warpgroups, at 4 warps).  Off: on Hopper, Triton 3.6's split of this loop now and then left a
+#: whole dK/dV tile NaN (in 4-13% of calls on unmasked problems), so the gradients were neither right nor
+#: deterministic (``docs/decisions/split-backward-race.md``).  At 8 warps Triton never splits it anyway.
+WARP_SPECIALIZE_DKDV = False
 #: the interpreter runs a program's tile ops in NumPy: small tiles keep the CPU world quick
 CPU_CONFIG = ((16, 16, 4, 1), (16, 16, 4, 1))
 MAX_HEAD_DIM = 256
@@ -324,8 +327,8 @@ def gpu_configs(spec, itemsize: int, tensors=()):
 
 def configs(spec, dtype: torch.dtype | None = None, tensors=()):
     """``(dkdv, dq)`` tile configs, each ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` (a fifth entry,
-    true: warp-specialized).  ``tensors``, the call's q, k, v and dO, decide whether the warp-specialized
-    tiles can run; without them the plain tiles are the answer."""
+    true: the descriptor kernel, ``bwd_ws``).  ``tensors``, the call's q, k, v and dO, decide whether the
+    descriptor tiles can run; without them the plain tiles are the answer."""
     if not ON_GPU:
         return CPU_CONFIG
     dtype = dtype or spec.dtype
@@ -372,21 +375,21 @@ def make_launcher(q, k, v, o, lse, do, spec, dlse=None):
         if ON_GPU and "WARP_SPECIALIZE" in kw:
             triton.set_allocator(descriptor_scratch)   # the kernel builds tensor descriptors
         if warmup:
-            kernel.warmup(*args, grid=grid, **kw)
-        else:
-            kernel[grid](*args, **kw)
+            return kernel.warmup(*args, grid=grid, **kw)
+        kernel[grid](*args, **kw)
 
-    # a dK/dV config's fifth entry, when true, asks for the warp-specialized kernel (bwd_ws), which only
+    # a dK/dV config's fifth entry, when true, asks for the descriptor kernel (bwd_ws), which only
     # takes problems whose tiles are whole; the others run the kernel above
-    def warp_specialized(cfg):
+    def through_descriptors(cfg):
         return len(cfg) > 4 and cfg[4] and bwd_ws.eligible(spec, cfg, (q, k, v, do))
 
     def dkdv_launch(cfg, warmup=False):
+        """Launch the dK/dV pass with tile ``cfg`` (``warmup=True``: only compile it, and return the kernel)."""
         grid = (triton.cdiv(Nk, cfg[1]), B * Hkv)
-        if warp_specialized(cfg):
-            launch(bwd_ws.bwd_dkdv_ws, grid, (*common, dk, dv, *scalars), cfg, warmup, WARP_SPECIALIZE=ON_GPU)
-        else:
-            launch(bwd_dkdv, grid, (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup, BLOCK_D=BD)
+        if through_descriptors(cfg):
+            return launch(bwd_ws.bwd_dkdv_ws, grid, (*common, dk, dv, *scalars), cfg, warmup,
+                          WARP_SPECIALIZE=ON_GPU and WARP_SPECIALIZE_DKDV)
+        return launch(bwd_dkdv, grid, (*common, dk, dv, *strides, *dk.stride(), *scalars), cfg, warmup, BLOCK_D=BD)
 
     def dq_launch(cfg, warmup=False):
         # no warp-specialized dQ pass: with D and the lse computed before its loop, Triton 3.6's split

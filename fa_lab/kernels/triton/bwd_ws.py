@@ -1,12 +1,14 @@
-"""Chapter 5's two backward passes, warp-specialized, for problems whose tiles are whole.
+"""Chapter 5's dK/dV pass through tensor descriptors, for problems whose tiles are whole.
 
-The same gradients as ``fa_lab.kernels.triton.bwd`` (K/V-stationary dK and dV, then Q-stationary dQ,
-each element written by one program: deterministic), written the way Triton's warp specialization
-needs a loop on Hopper: every tile comes through a tensor descriptor (the copy engine, TMA) and the
-pass has one loop.  Under ``tl.range(..., warp_specialize=True)`` Triton then splits a
-4-warp program into a producer warpgroup that issues the copies and two consumer warpgroups that
-each take half of the tile, with more registers each (``setmaxnreg``): FlashAttention-3's structure
-(``docs/decisions/one-pass-backward.md``).
+The same gradients as ``fa_lab.kernels.triton.bwd`` (K/V-stationary dK and dV, each element written by
+one program: deterministic), written the way Triton's warp specialization needs a loop on Hopper: every
+tile comes through a tensor descriptor (the copy engine, TMA) and the pass has one loop.  Under
+``tl.range(..., warp_specialize=True)`` Triton can then split a 4-warp program into a producer warpgroup
+that issues the copies and two consumer warpgroups that each take half of the tile, with more registers
+each (``setmaxnreg``): FlashAttention-3's structure (``docs/decisions/one-pass-backward.md``).  The
+library runs it unsplit (``bwd.WARP_SPECIALIZE_DKDV``): Triton 3.6's split of this loop now and then
+returned a whole dK/dV tile of NaN (``docs/decisions/split-backward-race.md``); at 8 warps, unsplit, the
+descriptor loads and their software pipeline still beat the plain kernel.
 
 Only problems whose tiles are whole take this path (``eligible``): sequence lengths multiples of the
 tiles, head dim equal to its padded width.  Under a mask (causal, a window) each loop still walks only
