@@ -6,6 +6,7 @@ import time
 import pandas as pd
 import pytest
 import torch
+from script_loader import load_script
 
 import fa_lab
 from fa_lab import cli
@@ -439,7 +440,7 @@ def test_wide_spread_lists_only_the_disturbed_cases_that_ran():
 
 def test_the_cudnn_gap_script_records_what_the_report_reads(tmp_path):
     """``scripts/bench_cudnn_gap.py --smoke``: ours and both SDPA peers timed in one run, a summary per mode."""
-    bench = _script("bench_cudnn_gap")
+    bench = load_script("bench_cudnn_gap")
     meta, rows = records.read(bench.main(["--smoke", "--out", str(tmp_path)]))
     assert meta["command"].startswith("python scripts/bench_cudnn_gap.py") and meta.get("sources")
     df = pd.DataFrame.from_records(rows)
@@ -455,20 +456,9 @@ def test_the_cudnn_gap_script_records_what_the_report_reads(tmp_path):
     assert table["fwd+bwd ours"].notna().all()
 
 
-def _script(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_partial_suite_recording_is_resumed_where_it_stopped(tmp_path, monkeypatch):
     """``record_gpu_bench.py --resume``: only the cases the partial file lacks run, and the file says so."""
-    script = _script("record_gpu_bench")
+    script = load_script("record_gpu_bench")
     argv = ["--part", "latency", "--allow-cpu", "--impl", "naive_torch", "reference", "--out-dir", str(tmp_path),
             "--tag", "t"]
     assert script.main(argv) == 0

@@ -1,10 +1,8 @@
 """Chapter 10's figures and its reading of the recording: each figure builds in both themes, carries its labels
 and saves; the numbers they draw agree with their closed forms; the chapter reads a recording that
 ``scripts/bench_ch10.py`` wrote, and says "(not recorded)" without one."""
-import importlib.util
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 from matplotlib.text import Text
+from script_loader import load_script
 
 from fa_lab import figures
 from fa_lab.bench import records
@@ -195,11 +194,8 @@ def test_every_glued_name_of_the_chapter_is_glued():
 
 def test_the_recording_script_writes_what_the_chapter_reads(tmp_path, monkeypatch):
     """``bench_ch10.py --smoke`` (tiny problems, any world) writes a recording ``recorded_summary`` reads."""
-    spec = importlib.util.spec_from_file_location("bench_ch10", ROOT / "scripts" / "bench_ch10.py")
-    bench = importlib.util.module_from_spec(spec)
     # importable by name while it runs: FlexAttention's tracing looks the score_mod's module up
-    monkeypatch.setitem(sys.modules, "bench_ch10", bench)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_ch10", monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         path = bench.main(["--smoke", "--out", str(tmp_path), "--masks", "causal", "--mods", "none,softcap"])

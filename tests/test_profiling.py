@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from script_loader import load_script
 
 from fa_lab.core.data import DATA_DIR
 from fa_lab.figures import profiling
@@ -36,13 +37,6 @@ SOL = "GPU Speed Of Light Throughput"
 #: ncu's units, by hand: factor to bytes, seconds or hertz
 UNITS = {"ns": 1e-9, "nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6,
          "Gbyte": 1e9, "byte/s": 1.0, "hz": 1.0, "%": 1.0, "register/thread": 1.0, "cycle": 1.0}
-
-
-def script():
-    spec = importlib.util.spec_from_file_location("profile_ncu", ROOT / "scripts" / "profile_ncu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def by_hand(path):
@@ -123,7 +117,8 @@ def test_load_labels_exactly_the_recorded_cases(profile, launches):
     for case, spec in cases.items():
         ran = launches[launches["case"] == case]["kernel"].tolist()
         assert ran == [k for k in spec["kernels"] if k in ran]          # in the plan's order
-        assert set(spec["kernels"]) - set(ran) <= script().OPTIONAL    # only an optional kernel may be missing
+        optional = load_script("profile_ncu").OPTIONAL
+        assert set(spec["kernels"]) - set(ran) <= optional    # only an optional kernel may be missing
     # the decoding case ran with one split: one program per (batch, KV head), so no merge kernel
     B, _, Hkv, _, _, _ = cases["decode"]["shape"]
     assert one(launches, "decode", "decode_split_kv")["blocks"] == B * Hkv
@@ -301,7 +296,8 @@ def test_assign_cases():
 
 def test_the_recorded_launches_follow_the_plan():
     _, kernels = details_by_hand()
-    got = ncu.assign_cases([(i, kernels[i]) for i in sorted(kernels)], script().plan(list(META["cases"])))
+    plan = load_script("profile_ncu").plan(list(META["cases"]))
+    got = ncu.assign_cases([(i, kernels[i]) for i in sorted(kernels)], plan)
     assert got == {r["id"]: (r["case"], r["kernel"]) for r in RECORDS}
 
 
@@ -603,7 +599,7 @@ def test_smoke_runs_without_a_gpu(tmp_path):
 
 
 def test_a_failed_capture_records_its_status_and_the_chapter_shows_nothing(tmp_path):
-    mod = script()
+    mod = load_script("profile_ncu")
     statuses = {"ncu": "error: ncu rc=9: ==ERROR== ERR_NVGPUCTRPERM"}
     path = mod.write_outputs(tmp_path, None, None, {}, None, ["fwd", "decode"], statuses, "python scripts/x.py")
     meta, rows = json.loads(path.read_text()).values()
@@ -613,7 +609,7 @@ def test_a_failed_capture_records_its_status_and_the_chapter_shows_nothing(tmp_p
 
 
 def test_a_launch_out_of_plan_is_a_status_not_a_crash(tmp_path):
-    mod = script()
+    mod = load_script("profile_ncu")
     _, kernels = details_by_hand()
     second = sorted(kernels)[1]
     path = mod.write_outputs(tmp_path, DETAILS.read_text(), None, {}, None, ["fwd"], {"ncu": "ok"},
@@ -626,7 +622,7 @@ def test_a_launch_out_of_plan_is_a_status_not_a_crash(tmp_path):
 
 
 def test_cut_raw_keeps_the_chapter_metrics_only():
-    mod = script()
+    mod = load_script("profile_ncu")
     cut = ncu.cut_raw(mod.SMOKE_RAW, mod.METRICS, mod.RAW_PATTERNS)
     header, rows = ncu.csv_table(cut)
     assert "smsp__unwanted.sum" not in header and "dram__bytes_read.sum" in header and header[-1].endswith(".ratio")
@@ -636,7 +632,7 @@ def test_cut_raw_keeps_the_chapter_metrics_only():
 
 
 def test_plan_follows_cases_and_filter_names_every_kernel():
-    mod = script()
+    mod = load_script("profile_ncu")
     kernels = {k for c in mod.CASES.values() for k in c["kernels"]}
     assert all(k in mod.KERNELS for k in kernels) and "bwd_preprocess" not in mod.KERNELS
     assert mod.plan(["decode"]) == [("decode", "decode_split_kv", False), ("decode", "combine_kernel", True)]
@@ -649,7 +645,7 @@ def test_plan_follows_cases_and_filter_names_every_kernel():
 
 
 def test_the_paged_study_is_of_its_cases_and_shows_what_the_chapter_says():
-    mod = script()
+    mod = load_script("profile_ncu")
     study = ncu.load(DATA_DIR / profiling.PAGED_STUDY_DIR)
     assert study is not None and list(study.meta["cases"]) == list(mod.PAGED_STUDY)
     assert {c: dict(spec, shape=list(spec["shape"]), kernels=list(spec["kernels"]))
@@ -748,7 +744,7 @@ else:
 
 
 def test_capture_drives_ncu_and_records_its_pages(tmp_path, monkeypatch):
-    mod = script()
+    mod = load_script("profile_ncu")
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
     bin_dir.mkdir()
     fake = bin_dir / "ncu"
