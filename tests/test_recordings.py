@@ -87,29 +87,51 @@ def test_fa_lab_recordings_names_the_stale_ones_and_their_commands(monkeypatch, 
     missing = [line.split()[0] for line in out if " missing " in line]
     assert "gpu_never" in missing and "  python scripts/make_never.py" in out
     assert set(missing) == {n for n in records.MADE_BY if n != records.SUITE_PREFIX} - set(TIED)
-    assert not any(" current " in line for line in out)
+    assert not any(" current " in line and "(partial)" not in line for line in out)   # only unfinished ones
 
     current = records.fingerprint
     monkeypatch.setattr(records, "fingerprint", lambda name: "edited" if name == "gpu_ch5" else current(name))
     assert cli.main(["recordings", "--stale"]) == 0
     out = capsys.readouterr().out
     meta, _ = records.read(DATA_DIR / "gpu_ch5.json")
-    assert out.splitlines()[0].startswith("gpu_ch5") and " stale " in out.splitlines()[0]
+    assert " stale " in next(line for line in out.splitlines() if line.startswith("gpu_ch5 "))
     assert f"  {records.command(meta)}" in out.splitlines() and "gpu_ch4 " not in out
 
 
 def test_fa_lab_recordings_says_when_all_are_current(monkeypatch, capsys):
     from fa_lab import cli
+    from fa_lab.bench import recordings
 
     made = set(TIED) | {records.SUITE_PREFIX}
     monkeypatch.setattr(records, "MADE_BY", {k: v for k, v in records.MADE_BY.items() if k in made})
+    shipped = recordings.rows
+    monkeypatch.setattr(recordings, "rows", lambda: [dict(r, finish=None) for r in shipped()])   # all complete
     assert cli.main(["recordings", "--stale"]) == 0
-    assert capsys.readouterr().out.strip() == "every recording is current"
+    assert capsys.readouterr().out.strip() == "every recording is current and complete"
+
+
+def test_fa_lab_recordings_says_how_to_finish_a_partial_recording(monkeypatch, capsys):
+    from fa_lab import cli
+    from fa_lab.bench import recordings
+
+    suite = "gpu_bench_h200_seed-table"
+    assert recordings.finish_command(suite, {"part": "seed-table", "partial": True}) == (
+        f"python scripts/record_gpu_bench.py --part seed-table --resume fa_lab/data/{suite}.json")
+    meta, _ = records.read(DATA_DIR / "gpu_ch5.json")
+    assert recordings.finish_command("gpu_ch5", dict(meta, partial=True)) == records.command(meta)   # made again
+
+    partial = dict(row(suite, "current", "GPU 1", "2026-11-29T05:00"), partial=True,
+                   finish=recordings.finish_command(suite, {"part": "seed-table"}))
+    monkeypatch.setattr(recordings, "rows", lambda: [row("a", "current", "GPU 1", "2026-11-29T05:00"), partial])
+    assert cli.main(["recordings", "--stale"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(suite) and "(partial)" in out[0] and not any(line.startswith("a ") for line in out)
+    assert out[-1] == f"  {partial['finish']}" and "partial" in out[-2]
 
 
 def row(name, status, device, date, seconds=None):
     return dict(name=name, status=status, partial=False, records=1, device=device, date=date, seconds=seconds,
-                command=f"python scripts/make_{name}.py")
+                command=f"python scripts/make_{name}.py", finish=None)
 
 
 def test_recordings_of_the_kind_before_are_listed_as_other_gpu(monkeypatch, capsys):

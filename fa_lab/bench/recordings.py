@@ -5,7 +5,8 @@ meta); ``tests/test_recordings.py`` fails until it is made again.  A recording t
 but that was never made is 'missing'.  The recordings tied to code come from one kind of GPU: while some
 are made on another kind, the ones still from the kind before are 'other-gpu' (the newest recording's
 device is the one they follow).  After a kernel change, ``fa-lab recordings --stale`` prints the
-commands to run on a GPU, one per stale, missing or other-gpu recording, and how long they took before.
+commands to run on a GPU, one per stale, missing or other-gpu recording, and how long they took before; a
+current recording that a time limit left partial gets the command that finishes it.
 """
 from __future__ import annotations
 
@@ -60,6 +61,17 @@ def recorded_device():
     return devices.preset_for(recorded_gpu() or "") or devices.get_device("H100")
 
 
+def finish_command(name: str, meta: dict) -> str:
+    """The command that completes partial recording ``name``: a benchmark suite's part resumes where it
+    stopped (``record_gpu_bench.py --resume``); any other recording is made again with its own command."""
+    from fa_lab.bench import records
+
+    if name.startswith(records.SUITE_PREFIX) and meta.get("part"):
+        return (f"python scripts/record_gpu_bench.py --part {meta['part']} "
+                f"--resume fa_lab/data/{name}.json")
+    return records.command(meta)
+
+
 def rows() -> list[dict]:
     """One row per recording in ``fa_lab/data`` (name, status, partial, device, date, command), then one
     per recording of ``records.MADE_BY`` never made (status 'missing', its script as the command)."""
@@ -74,7 +86,8 @@ def rows() -> list[dict]:
             continue
         out.append(dict(name=name, status=status(name, meta), partial=bool(meta.get("partial")),
                         records=len(recs), device=meta.get("device") or "?", date=str(meta.get("date") or ""),
-                        command=records.command(meta), seconds=meta.get("seconds")))
+                        command=records.command(meta), seconds=meta.get("seconds"),
+                        finish=finish_command(name, meta) if meta.get("partial") else None))
     mark_other_gpus(out)
     made = {r["name"] for r in out}
     for name, command in records.MADE_BY.items():
@@ -85,9 +98,9 @@ def rows() -> list[dict]:
 
 
 def run(args) -> int:
-    table = [r for r in rows() if r["status"] in TO_RECORD or not args.stale]
+    table = [r for r in rows() if r["status"] in TO_RECORD or r.get("finish") or not args.stale]
     if not table:
-        print("every recording is current" if args.stale else "no recordings")
+        print("every recording is current and complete" if args.stale else "no recordings")
         return 0
     width = max(len(r["name"]) for r in table)
     status_width = max(len(r["status"]) for r in table)
@@ -103,4 +116,9 @@ def run(args) -> int:
         if timed:
             print(f"({len(timed)} of these {len(to_record)} recordings say how long they took: "
                   f"{sum(timed) / 60:.0f} min of GPU time together)")
+    to_finish = [r for r in table if r.get("finish") and r["status"] not in TO_RECORD]
+    if to_finish:
+        print("\nto finish, on a GPU, from the repository root (current, but partial):")
+        for r in to_finish:
+            print(f"  {r['finish']}")
     return 0
