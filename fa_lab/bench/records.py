@@ -184,9 +184,10 @@ def fingerprint(name: str) -> str | None:
     for rel in paths:
         target = root / rel
         for f in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
-            if f.relative_to(root).as_posix() in skip:
+            path = f.relative_to(root).as_posix()
+            if path in skip:
                 continue
-            digest.update(f.relative_to(root).as_posix().encode())
+            digest.update(path.encode())
             digest.update(_syntax(ast.parse(f.read_text(encoding="utf-8"))).encode())
     return digest.hexdigest()[:16]
 
