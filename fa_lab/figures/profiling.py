@@ -7,6 +7,7 @@
 * ``sass_loops``       — the hot loop's Tensor Core instructions and exponentials against what the
   algorithm needs per iteration;
 * ``roofline_figure``, ``stall_figure`` — the pictures;
+* ``device_of``        — the device preset of the GPU the recording was made on;
 * ``recorded_values``  — every number the prose quotes, as text, ``"(not recorded)"`` without a recording.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fa_lab.figures.style import CYCLE, add_legend, add_text, new_plot, palette,
 from fa_lab.perf.ncu import NOT_RECORDED, bound
 
 #: matrix products per (query, key) tile each kernel computes: S = QKᵀ and PV in a forward; the backward's
-#: dK/dV kernel (plain or warp-specialized) recomputes S and computes dP = dO Vᵀ, dV and dK, its dQ kernel
+#: dK/dV kernel (plain or through descriptors) recomputes S and computes dP = dO Vᵀ, dV and dK, its dQ kernel
 #: recomputes S and dP and computes dQ
 MATMULS = {"attn_fwd": 2, "flash_attention_fwd": 2, "decode_split_kv": 2, "bwd_dkdv": 4, "bwd_dkdv_ws": 4,
            "bwd_dq": 3, "combine_kernel": 0}
@@ -30,8 +31,8 @@ MATMULS = {"attn_fwd": 2, "flash_attention_fwd": 2, "decode_split_kv": 2, "bwd_d
 FWD_SHAPE = (4, 16, 4096, 128)
 #: how the chapter names each launch
 LABELS = {("fwd", "attn_fwd"): "Triton forward", ("fwd_causal", "attn_fwd"): "Triton forward, causal",
-          ("bwd_causal", "bwd_dkdv"): "backward dK/dV, causal",
-          ("bwd_causal", "bwd_dkdv_ws"): "backward dK/dV (split), causal",
+          ("bwd_causal", "bwd_dkdv"): "backward dK/dV (plain), causal",
+          ("bwd_causal", "bwd_dkdv_ws"): "backward dK/dV, causal",
           ("bwd_causal", "bwd_dq"): "backward dQ, causal",
           ("numba_tiled", "flash_attention_fwd"): "Numba tiled (fp32)", ("decode", "decode_split_kv"): "decode",
           ("decode", "combine_kernel"): "decode merge"}
@@ -157,7 +158,7 @@ def sass_loops(profile, launches: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- figures
 
-def roofline_figure(points: pd.DataFrame, device: str = "H100", *, theme: str = "light") -> Figure:
+def roofline_figure(points: pd.DataFrame, device="H100", *, theme: str = "light") -> Figure:
     """The device's roofs (bf16 Tensor Cores, fp32 CUDA cores, HBM) with each launch at its measured FLOP/s:
     a filled marker at its FLOPs per DRAM byte, a hollow one at its FLOPs per byte through L2."""
     from fa_lab.perf.devices import get_device
@@ -249,11 +250,25 @@ VALUES = ("label", "ncu_version", "fwd_time", "fwd_tflops", "fwd_sm", "fwd_mem",
           "fwd_blocks", "fwd_limiter", "fwd_next_limit", "fwd_theoretical", "fwd_achieved", "bwd_regs",
           "bwd_warps", "bwd_blocks", "bwd_limiter", "bwd_theoretical", "fwd_hgmma", "fwd_mma_ratio", "fwd_ex2",
           "fwd_scores", "fwd_ex2_extra", "fwd_ex2_per_score", "causal_emu", "fwd_xu_per_score", "causal_xu_per_score",
-          "fwd_fma_pipe", "causal_fma_pipe")
+          "fwd_fma_pipe", "causal_fma_pipe", "bwd_top_reason", "bwd_top_share", "bwd_loop_bar", "bwd_loop_tma")
 
 
-def recorded_values(profile, device: str = "H100") -> dict:
-    """Every number the chapter quotes, as text; ``NOT_RECORDED`` where the recording lacks it."""
+def device_of(profile):
+    """The device preset of the GPU ``profile`` was recorded on (``perf.devices``): its roofs and L2 are the
+    ones the chapter compares the counters with.  The H100 where there is no recording or no preset."""
+    from fa_lab.perf.devices import get_device, preset_for
+
+    return (preset_for(profile.meta.get("device")) if profile is not None else None) or get_device("H100")
+
+
+def _points(gap: float) -> str:
+    """A gap between two percentages, in percentage points: '1 point', '9 points'."""
+    return f"{gap:.0f} point{'' if round(gap) == 1 else 's'}"
+
+
+def recorded_values(profile, device=None) -> dict:
+    """Every number the chapter quotes, as text; ``NOT_RECORDED`` where the recording lacks it.  ``device``
+    (a preset or its name) defaults to the recording's own (``device_of``)."""
     from fa_lab.perf.devices import get_device
 
     values = dict.fromkeys(VALUES, NOT_RECORDED)
@@ -261,7 +276,7 @@ def recorded_values(profile, device: str = "H100") -> dict:
     from fa_lab.perf.model import Problem, flash_forward_counts
 
     B, H, N, D = FWD_SHAPE
-    dev = get_device(device)
+    dev = get_device(device or device_of(profile))
     kv_head = flash_forward_counts(Problem(B, H, N, head_dim=D, dtype="bf16")).phases[0].l2_working_set
     values["kv_head"] = f"{kv_head / 2**20:.0f} MiB"
     values["l2_size"] = f"{dev.l2_bytes / 2**20:.0f} MiB"
@@ -301,7 +316,7 @@ def recorded_values(profile, device: str = "H100") -> dict:
                       fwd_tflops=f"{kernel_flops(fwd) / fwd['duration_s'] / 1e12:.0f} TFLOP/s",
                       fwd_sm=_pct(fwd["sm_pct"]), fwd_mem=_pct(fwd["memory_pct"]), fwd_dram=_pct(fwd["dram_pct"]),
                       fwd_l2=_pct(fwd["l2_pct"]), fwd_l2_hit=_pct(fwd["l2_hit_pct"]),
-                      fwd_bound_gap=f"{abs(fwd['sm_pct'] - fwd['memory_pct']):.0f} points",
+                      fwd_bound_gap=_points(abs(fwd["sm_pct"] - fwd["memory_pct"])),
                       fwd_mem_unit=busiest_memory(fwd), fwd_tensor_pipe=_pct(fwd["tensor_pipe_pct"]),
                       fwd_cpi=f"{fwd['warp_cycles_per_issue']:.1f}", fwd_regs=f"{fwd['registers']:.0f}",
                       fwd_blocks=f"{fwd['blocks_per_sm']:.0f}", fwd_limiter=fwd["limiter"] or NOT_RECORDED,
@@ -356,8 +371,9 @@ def recorded_values(profile, device: str = "H100") -> dict:
             values.update({f"{key}_intensity": f"{p['intensity_dram']:.{digits}f}",
                            f"{key}_intensity_l2": f"{p['intensity_l2']:.{digits}f}"})
     stalls = profile.stalls()
-    for key, case in (("fwd", "fwd"), ("decode", "decode"), ("numba", "numba_tiled")):
-        s = stalls[stalls["case"] == case]     # sorted: the largest first
+    for key, case, kernel in (("fwd", "fwd", "attn_fwd"), ("decode", "decode", "decode_split_kv"),
+                              ("numba", "numba_tiled", "flash_attention_fwd"), ("bwd", "bwd_causal", "bwd_dkdv_ws")):
+        s = stalls[(stalls["case"] == case) & (stalls["kernel"] == kernel)]     # sorted: the largest first
         for rank, name in enumerate(("top", "second")):
             if len(s) > rank and f"{key}_{name}_reason" in values:
                 values[f"{key}_{name}_reason"] = s.iloc[rank]["reason"].replace("_", " ")
@@ -375,6 +391,11 @@ def recorded_values(profile, device: str = "H100") -> dict:
                           fwd_ex2=f"{r['mufu_ex2']:.0f}", fwd_scores=f"{r['scores_per_thread']:.0f}",
                           fwd_ex2_extra=f"{r['mufu_ex2'] - r['scores_per_thread'] * r['iterations']:.0f}",
                           fwd_ex2_per_score=f"{r['ex2_per_score']:.2f}")
+    # the dK/dV loop's CTA-wide barriers and the TMA copies they guard, per pass of its hot loop
+    ws = profile.sass[(profile.sass["case"] == "bwd_causal") & (profile.sass["kernel"] == "bwd_dkdv_ws")] \
+        if not profile.sass.empty else profile.sass
+    if len(ws):
+        values.update(bwd_loop_bar=f"{ws.iloc[0]['loop_bar']:.0f}", bwd_loop_tma=f"{ws.iloc[0]['loop_utmaldg']:.0f}")
     return values
 
 
@@ -415,4 +436,5 @@ def paged_study(profile) -> tuple[pd.DataFrame | None, dict]:
 
 __all__ = ["MATMULS", "FWD_SHAPE", "LABELS", "MEMORY_UNITS", "VALUES", "label", "config", "kernel_flops", "scores",
            "model_counts", "traffic", "naive_vs_tiled", "busiest_memory", "roofline_points", "sass_loops",
-           "roofline_figure", "stall_figure", "recorded_values", "PAGED_STUDY_DIR", "PAGED_VALUES", "paged_study"]
+           "roofline_figure", "stall_figure", "device_of", "recorded_values", "PAGED_STUDY_DIR", "PAGED_VALUES",
+           "paged_study"]
