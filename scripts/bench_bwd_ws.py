@@ -45,7 +45,7 @@ WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 1
             64: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (128, 128, 4, 2, True),
                           (32, 128, 4, 3, True)], dq=[])}
 #: unsplit descriptor dK/dV tiles (8 warps, or 4 without the split), within shared memory; the dQ pass
-#: through descriptors lost to the plain one on every row (docs/decisions/descriptor-dq-pass.md)
+#: through descriptors lost to the plain one on every row (docs/decisions/backward-descriptor-copies.md)
 DESC_TILES = {128: dict(dkdv=[(64, 128, 8, 3, True), (64, 128, 8, 2, True)], dq=[]),
               64: dict(dkdv=[(64, 128, 8, 3, True), (64, 128, 4, 3, True), (64, 64, 4, 3, True),
                              (128, 128, 8, 2, True)], dq=[]),

@@ -31,15 +31,17 @@ def _backward(q, k, v, mask, seed, tiles):
 
 
 @pytest.mark.parametrize("dtype", [DTYPE, torch.float16], ids=str)
-@pytest.mark.parametrize("shape", [(2, 4, 2, 64, 128, 16), (1, 3, 1, 128, 64, 32), (1, 2, 2, 128, 128, 64)],
-                         ids=["gqa2", "gqa3-nq>nk", "mha-d64"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 64, 128, 16), (1, 3, 1, 128, 64, 32), (1, 2, 2, 128, 128, 64),
+                                   (1, 2, 1, 32, 64, 256)],
+                         ids=["gqa2", "gqa3-nq>nk", "mha-d64", "gqa-d256"])
 def test_warp_specialized_passes_match_reference(shape, dtype):
     B, H, Hkv, Nq, Nk, D = shape
     scale = 4 if ON_GPU else 1      # whole 64 x 128 tiles on a GPU
     q, k, v = random_qkv(B, H, Nq * scale, Nk * scale, D, kv_heads=Hkv, dtype=dtype, seed=Nq + D)
     spec = fa_lab.make_spec(q, k, v)
-    assert bwd_ws.eligible(spec, WS_TILE, (q, k, v))
-    got = _backward(q, k, v, {}, 7, (WS_TILE, WS_TILE))
+    tile = bwd.WS_CONFIGS[(256, 2)][0] if ON_GPU and D == 256 else WS_TILE   # 64 x 128 at D = 256: no room
+    assert bwd_ws.eligible(spec, tile, (q, k, v))
+    got = _backward(q, k, v, {}, 7, (tile, tile))
     assert_grads_close(got, reference_grads(q, k, v, {}, 7), dtype, f"bwd_ws {shape} {dtype}")
 
 
