@@ -117,6 +117,12 @@ def test_fa_lab_recordings_says_how_to_finish_a_partial_recording(monkeypatch, c
     suite = "gpu_bench_h200_seed-table"
     assert recordings.finish_command(suite, {"part": "seed-table", "partial": True}) == (
         f"python scripts/record_gpu_bench.py --part seed-table --resume fa_lab/data/{suite}.json")
+    # the other options of the command that made it come along; where it wrote and what it resumed do not
+    made = ("python scripts/record_gpu_bench.py --part seed-table latency --impl triton sdpa-flash "
+            "--resume fa_lab/data/old.json --out-dir /root/out --baseline sdpa-math")
+    assert recordings.finish_command(suite, {"part": "seed-table", "command": made}) == (
+        "python scripts/record_gpu_bench.py --part seed-table --impl triton sdpa-flash --baseline sdpa-math "
+        f"--resume fa_lab/data/{suite}.json")
     meta, _ = records.read(DATA_DIR / "gpu_ch5.json")
     assert recordings.finish_command("gpu_ch5", dict(meta, partial=True)) == records.command(meta)   # made again
 

@@ -61,15 +61,39 @@ def recorded_device():
     return devices.preset_for(recorded_gpu() or "") or devices.get_device("H100")
 
 
+#: ``record_gpu_bench.py``'s options that ``finish_command`` sets itself, and how many values each takes
+#: (``None``: every value up to the next option)
+_RESUME_SETS = {"--part": None, "--resume": 1, "--out-dir": 1}
+
+
+def _without_options(words: list[str], options: dict) -> list[str]:
+    """``words`` of a command line without the ``options`` named and their values."""
+    kept, left = [], 0
+    for word in words:
+        if word in options:
+            left = options[word]
+        elif left != 0 and not word.startswith("--"):
+            left = None if left is None else left - 1     # a value of the option just dropped
+        else:
+            left = 0
+            kept.append(word)
+    return kept
+
+
 def finish_command(name: str, meta: dict) -> str:
     """The command that completes partial recording ``name``: a benchmark suite's part resumes where it
-    stopped (``record_gpu_bench.py --resume``); any other recording is made again with its own command."""
+    stopped (``record_gpu_bench.py --resume``), with the other options of the command that made it
+    (``--impl``, ``--baseline``...); any other recording is made again with its own command."""
+    import shlex
+
     from fa_lab.bench import records
 
-    if name.startswith(records.SUITE_PREFIX) and meta.get("part"):
-        return (f"python scripts/record_gpu_bench.py --part {meta['part']} "
-                f"--resume fa_lab/data/{name}.json")
-    return records.command(meta)
+    if not (name.startswith(records.SUITE_PREFIX) and meta.get("part")):
+        return records.command(meta)
+    options = [w for w in _without_options(shlex.split(records.command(meta)), _RESUME_SETS)
+               if w not in ("python", "python3") and not w.endswith("record_gpu_bench.py")]
+    return shlex.join(["python", "scripts/record_gpu_bench.py", "--part", str(meta["part"]), *options,
+                       "--resume", f"fa_lab/data/{name}.json"])
 
 
 def rows() -> list[dict]:
