@@ -1,17 +1,17 @@
-"""The descriptor backward passes (``fa_lab.kernels.triton.bwd_ws``) against the plain ones and cuDNN.
+"""The descriptor dK/dV pass (``fa_lab.kernels.triton.bwd_ws``) against the plain kernels and cuDNN.
 
     python scripts/bench_bwd_ws.py [--tiles split|descriptor] [--out DIR] [--rounds 6] [--rows 0,2]
                                    [--no-reference]
 
-For each bf16 row of the chapter-5 table: every candidate tile of each pass timed alone
-(``tuner.tune_backward``: ``bwd.GPU_CONFIGS``' plain tile first), each descriptor tile's gradients
+For each bf16 row of the chapter-5 table: every candidate dK/dV tile timed alone (``tuner.tune_backward``:
+``bwd.GPU_CONFIGS``' plain tiles first; the dQ pass runs its plain tile), each descriptor tile's gradients
 against the plain kernels' (max |difference|), then the whole backward with the plain tiles, the shipped
 ones (``bwd.configs``), the row's fastest, and cuDNN's (SDPA, ``torch.autograd.grad`` of its output)
 in interleaved rounds, and the fastest tiles' gradients over repeated calls (bit-identical or not).
-``--tiles split`` times the 4-warp dK/dV tiles with Triton's warp specialization on (which the library
-leaves off, ``bwd.WARP_SPECIALIZE_DKDV``); ``--tiles descriptor`` the unsplit descriptor tiles of both
-passes.  A small GQA problem is checked against the float64 reference first.  Writes ``bwd_ws.json``
-(or ``bwd_desc.json``) into DIR.
+``--tiles split`` times the 4-warp tiles with Triton's warp specialization on (which the library leaves
+off, ``bwd.WARP_SPECIALIZE_DKDV``); ``--tiles descriptor`` the unsplit descriptor tiles.  A small GQA
+problem is checked against the float64 reference first.  Writes ``bwd_ws.json`` (or ``bwd_desc.json``)
+into DIR.
 """
 from __future__ import annotations
 
@@ -38,18 +38,17 @@ from fa_lab.kernels.triton import bwd, tuner  # noqa: E402
 ROWS = [(4, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (4, 16, 16, 4096, 128, True),
         (4, 32, 32, 4096, 64, True), (4, 32, 8, 4096, 128, True), (16, 16, 16, 1024, 128, False),
         (2, 16, 16, 8192, 256, True)]
-#: (BLOCK_M, BLOCK_N, warps, stages, warp-specialized): the tiles Triton 3.6 splits and that fit in shared
-#: memory (at D = 128, 128 x 128 with 3 stages needs 296,760 bytes, more than a block may have)
-WS_TILES = {128: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 128, 4, 2, True),
-                           (32, 128, 4, 3, True), (128, 128, 4, 2, True)], dq=[]),
-            64: dict(dkdv=[(64, 128, 4, 2, True), (64, 128, 4, 3, True), (128, 128, 4, 2, True),
-                          (32, 128, 4, 3, True)], dq=[])}
-#: unsplit descriptor dK/dV tiles (8 warps, or 4 without the split), within shared memory; the dQ pass
-#: through descriptors lost to the plain one on every row (docs/decisions/backward-descriptor-copies.md)
-DESC_TILES = {128: dict(dkdv=[(64, 128, 8, 3, True), (64, 128, 8, 2, True)], dq=[]),
-              64: dict(dkdv=[(64, 128, 8, 3, True), (64, 128, 4, 3, True), (64, 64, 4, 3, True),
-                             (128, 128, 8, 2, True)], dq=[]),
-              256: dict(dkdv=[(64, 64, 8, 2, True)], dq=[])}
+#: dK/dV tiles by head dim, (BLOCK_M, BLOCK_N, warps, stages, through descriptors): the tiles Triton 3.6
+#: splits and that fit in shared memory (at D = 128, 128 x 128 with 3 stages needs 296,760 bytes, more than a
+#: block may have).  The dQ pass runs its plain tile: through descriptors it lost on every row
+#: (docs/decisions/backward-descriptor-copies.md)
+WS_TILES = {128: [(64, 128, 4, 2, True), (64, 128, 4, 3, True), (32, 128, 4, 2, True), (32, 128, 4, 3, True),
+                  (128, 128, 4, 2, True)],
+            64: [(64, 128, 4, 2, True), (64, 128, 4, 3, True), (128, 128, 4, 2, True), (32, 128, 4, 3, True)]}
+#: unsplit descriptor dK/dV tiles (8 warps, or 4 without the split), within shared memory
+DESC_TILES = {128: [(64, 128, 8, 3, True), (64, 128, 8, 2, True)],
+              64: [(64, 128, 8, 3, True), (64, 128, 4, 3, True), (64, 64, 4, 3, True), (128, 128, 8, 2, True)],
+              256: [(64, 64, 8, 2, True)]}
 TILE_SETS = {"split": WS_TILES, "descriptor": DESC_TILES}
 
 
@@ -65,7 +64,7 @@ def reference_check(tiles) -> dict:
     ref.backward(do.double())
     out = {}
     plain = bwd.GPU_CONFIGS[(bwd.block_d(D), 2)]
-    for name, cfg in (("plain", plain), ("descriptor", (tiles[D]["dkdv"][0], (tiles[D]["dq"] or [plain[1]])[0]))):
+    for name, cfg in (("plain", plain), ("descriptor", (tiles[D][0], plain[1]))):
         grads = bwd.triton_backward(q, k, v, o, lse, do, spec, config=cfg)
         out[name] = [float((g.double() - x.grad).abs().max()) for g, x in zip(grads, x64)]
     return out
@@ -78,7 +77,7 @@ def row(B, H, Hkv, N, D, causal, rounds, tile_set) -> dict:
     do = torch.randn_like(o)
     plain = bwd.GPU_CONFIGS[(bwd.block_d(D), 2)]
     shipped = bwd.configs(spec, torch.bfloat16, (q, k, v, do))
-    cands = dict(dkdv=[plain[0], *tile_set[D]["dkdv"]], dq=[plain[1], *tile_set[D]["dq"]])
+    cands = dict(dkdv=[plain[0], *tile_set[D]], dq=[plain[1]])
     t0 = time.time()
     tiles = tuner.tune_backward(q, k, v, o, lse, do, spec, cands)
     base = bwd.triton_backward(q, k, v, o, lse, do, spec, config=plain)
