@@ -63,7 +63,7 @@ def recorded_device():
 
 #: ``record_gpu_bench.py``'s options that ``finish_command`` sets itself, and how many values each takes
 #: (``None``: every value up to the next option)
-_RESUME_SETS = {"--part": None, "--resume": 1, "--out-dir": 1}
+_RESUME_SETS = {"--part": None, "--resume": 1}
 
 
 def _without_options(words: list[str], options: dict) -> list[str]:
@@ -90,8 +90,8 @@ def finish_command(name: str, meta: dict) -> str:
 
     if not (name.startswith(records.SUITE_PREFIX) and meta.get("part")):
         return records.command(meta)
-    options = [w for w in _without_options(shlex.split(records.command(meta)), _RESUME_SETS)
-               if w not in ("python", "python3") and not w.endswith("record_gpu_bench.py")]
+    # "python scripts/record_gpu_bench.py ...", its output folder already left out by records.command
+    options = _without_options(shlex.split(records.command(meta))[2:], _RESUME_SETS)
     return shlex.join(["python", "scripts/record_gpu_bench.py", "--part", str(meta["part"]), *options,
                        "--resume", f"fa_lab/data/{name}.json"])
 
