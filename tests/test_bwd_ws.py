@@ -39,7 +39,8 @@ def test_warp_specialized_passes_match_reference(shape, dtype):
     scale = 4 if ON_GPU else 1      # whole 64 x 128 tiles on a GPU
     q, k, v = random_qkv(B, H, Nq * scale, Nk * scale, D, kv_heads=Hkv, dtype=dtype, seed=Nq + D)
     spec = fa_lab.make_spec(q, k, v)
-    tile = bwd.WS_CONFIGS[(256, 2)][0] if ON_GPU and D == 256 else WS_TILE   # 64 x 128 at D = 256: no room
+    shipped = bwd.WS_CONFIGS.get((bwd.block_d(D), 2), (None,))[0]   # 64 x 128 does not fit at D = 256
+    tile = shipped if ON_GPU and shipped else WS_TILE
     assert bwd_ws.eligible(spec, tile, (q, k, v))
     got = _backward(q, k, v, {}, 7, (tile, tile))
     assert_grads_close(got, reference_grads(q, k, v, {}, 7), dtype, f"bwd_ws {shape} {dtype}")
@@ -88,15 +89,18 @@ def test_eligibility_names_what_the_kernels_need():
     assert not bwd_ws.eligible(fa_lab.make_spec(q24, k24, v24), whole, (q24, k24, v24))
 
 
-@pytest.mark.parametrize("n, head_dim, row_major, split", [(256, 128, True, True), (200, 128, True, False),
-                                                           (256, 128, False, False), (256, 64, True, False),
-                                                           (256, 256, True, True)],
-                         ids=["whole-tiles", "tail", "transposed", "d64", "d256"])
-def test_gpu_descriptor_tiles_only_where_they_can_run(n, head_dim, row_major, split):
-    q, k, v = random_qkv(1, 2, n, n, head_dim, dtype=torch.bfloat16, seed=0)
+@pytest.mark.parametrize("n, head_dim, row_major, causal, split",
+                         [(256, 128, True, False, True), (200, 128, True, False, False),
+                          (256, 128, False, False, False), (256, 64, True, False, True),
+                          (1024, 64, True, True, False), (2048, 64, True, True, True),
+                          (256, 128, True, True, True), (256, 256, True, True, True)],
+                         ids=["whole-tiles", "tail", "transposed", "d64", "d64-short-causal", "d64-causal",
+                              "d128-short-causal", "d256"])
+def test_gpu_descriptor_tiles_only_where_they_can_run(n, head_dim, row_major, causal, split):
+    q, k, v = random_qkv(1, 1, n, n, head_dim, dtype=torch.bfloat16, seed=0)
     if not row_major:
         q = q.transpose(2, 3).contiguous().transpose(2, 3)
-    spec = fa_lab.make_spec(q, k, v)
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
     key = (bwd.block_d(head_dim), 2)
     tiles = bwd.gpu_configs(spec, 2, (q, k, v, torch.empty_like(q)))
     expected = [w if split and w is not None else p for w, p in zip(bwd.WS_CONFIGS.get(key, (None, None)),

@@ -295,12 +295,18 @@ GPU_CONFIGS = {
 }
 #: the descriptor (TMA) tiles (``bwd_ws``) per (BLOCK_D, itemsize), ``(dkdv, dq)``; ``None`` keeps
 #: GPU_CONFIGS' tile.  Taken only where ``bwd_ws.eligible`` (whole tiles, row-major tensors): elsewhere
-#: GPU_CONFIGS' tile runs.  At D = 128 and D = 256 the dK/dV pass through descriptors beat the best plain
-#: tile on an H200 (``docs/decisions/split-backward-race.md``, ``docs/decisions/d256-backward-tiles.md``).
+#: GPU_CONFIGS' tile runs.  At D = 64, 128 and 256 the dK/dV pass through descriptors beat the best plain
+#: tile on an H200 (``docs/decisions/split-backward-race.md``, ``docs/decisions/d256-backward-tiles.md``,
+#: ``docs/decisions/backward-descriptor-copies.md``); the dQ pass through descriptors lost everywhere.
 WS_CONFIGS = {
+    (64, 2): ((64, 64, 4, 3, True), None),
     (128, 2): ((64, 128, 8, 3, True), None),
     (256, 2): ((64, 64, 8, 2, True), None),
 }
+#: masked problems with fewer keys than this keep GPU_CONFIGS' dK/dV tile, per BLOCK_D: at D = 64 under a
+#: causal mask the plain tile was 16% faster at N = 1024 and tied at N = 2048, while the descriptor tile
+#: was 10-32% faster on longer or unmasked problems (H200, ``docs/decisions/backward-descriptor-copies.md``)
+WS_MASKED_MIN_KEYS = {64: 2048}
 #: Whether the descriptor dK/dV pass asks Triton to warp-specialize its loop (a producer warpgroup and two
 #: consumer warpgroups, at 4 warps).  Off: on Hopper, Triton 3.6's split of this loop now and then left a
 #: whole dK/dV tile NaN (in 4-13% of calls on unmasked problems), so the gradients were neither right nor
@@ -318,9 +324,13 @@ def block_d(head_dim: int) -> int:
 
 def gpu_configs(spec, itemsize: int, tensors=()):
     """``(dkdv, dq)`` GPU tiles for ``spec``: ``WS_CONFIGS``' where ``bwd_ws`` takes the problem and its
-    ``tensors`` (q, k, v, dO), ``GPU_CONFIGS``' otherwise."""
+    ``tensors`` (q, k, v, dO) and ``WS_MASKED_MIN_KEYS`` does not keep a short masked one plain,
+    ``GPU_CONFIGS``' otherwise."""
     key = (block_d(spec.head_dim), itemsize)
     ws = WS_CONFIGS.get(key, (None, None))
+    masked = spec.left >= 0 or spec.right >= 0
+    if masked and spec.n_k < WS_MASKED_MIN_KEYS.get(key[0], 0):
+        ws = (None, None)
     return tuple(w if w is not None and tensors and bwd_ws.eligible(spec, w, tensors) else p
                  for w, p in zip(ws, GPU_CONFIGS[key]))
 

@@ -8,7 +8,10 @@ that issues the copies and two consumer warpgroups that each take half of the ti
 each (``setmaxnreg``): FlashAttention-3's structure (``docs/decisions/one-pass-backward.md``).  The
 library runs it unsplit (``bwd.WARP_SPECIALIZE_DKDV``): Triton 3.6's split of this loop now and then
 returned a whole dK/dV tile of NaN (``docs/decisions/split-backward-race.md``); at 8 warps, unsplit, the
-descriptor loads and their software pipeline still beat the plain kernel.
+descriptor loads and their software pipeline still beat the plain kernel.  The rows' base-2 lse and D
+come by plain pointer loads, after the Q and dO copies, up to D = 128: two 1-D copies per step each cost a
+barrier of the whole program (chapter 11's profile) and the pass was up to 7.6% slower with them; at D = 256
+the pointer loads spill registers and the copies stay (``docs/decisions/backward-descriptor-copies.md``).
 
 Only problems whose tiles are whole take this path (``eligible``): sequence lengths multiples of the
 tiles, head dim equal to its padded width.  Under a mask (causal, a window) each loop still walks only
@@ -36,8 +39,14 @@ def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk
     kv_rows = tl.num_programs(1) * N_K
     desc_q = tl.make_tensor_descriptor(Q, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
     desc_do = tl.make_tensor_descriptor(DO, [q_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_M, HEAD_DIM])
-    desc_lse = tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M])
-    desc_delta = tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M])
+    # lse and D by pointer up to D = 128 (one barrier fewer per copy); at D = 256 the registers are not there
+    if HEAD_DIM > 128:
+        lse_src = tl.make_tensor_descriptor(LSE2, [q_rows], [1], [BLOCK_M])
+        delta_src = tl.make_tensor_descriptor(Delta, [q_rows], [1], [BLOCK_M])
+    else:
+        lse_src = LSE2
+        delta_src = Delta
+    offs_m = tl.arange(0, BLOCK_M)
     start_n = tl.program_id(0) * BLOCK_N
     kv_row = bhk * N_K + start_n
     k = tl.make_tensor_descriptor(K, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).load([kv_row, 0])
@@ -66,19 +75,30 @@ def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk
                 keep = keep & (offs_n[:, None] >= diag[None, :] - WIN_LEFT)
             if HAS_RIGHT:
                 keep = keep & (offs_n[:, None] <= diag[None, :] + WIN_RIGHT)
-            dk, dv = dkdv_tile(dk, dv, k, v, desc_q.load([row, 0]), desc_do.load([row, 0]),
-                               desc_lse.load([row]), desc_delta.load([row]), keep, qk_scale,
-                               MASKED=True, PRECISION=PRECISION)
+            q, do, lse2, Di = query_tile(desc_q, desc_do, lse_src, delta_src, row, offs_m, HEAD_DIM > 128)
+            dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, Di, keep, qk_scale, MASKED=True, PRECISION=PRECISION)
     else:
         for row in tl.range(first, first + group * N_Q, BLOCK_M, warp_specialize=WARP_SPECIALIZE):
-            dk, dv = dkdv_tile(dk, dv, k, v, desc_q.load([row, 0]), desc_do.load([row, 0]),
-                               desc_lse.load([row]), desc_delta.load([row]), None, qk_scale,
-                               MASKED=False, PRECISION=PRECISION)
+            q, do, lse2, Di = query_tile(desc_q, desc_do, lse_src, delta_src, row, offs_m, HEAD_DIM > 128)
+            dk, dv = dkdv_tile(dk, dv, k, v, q, do, lse2, Di, None, qk_scale, MASKED=False, PRECISION=PRECISION)
     # through descriptors: under warp specialization the forward's masked pointer stores came out wrong
     tl.make_tensor_descriptor(DK, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
         [kv_row, 0], (dk * sm_scale).to(DK.dtype.element_ty))
     tl.make_tensor_descriptor(DV, [kv_rows, HEAD_DIM], [HEAD_DIM, 1], [BLOCK_N, HEAD_DIM]).store(
         [kv_row, 0], dv.to(DV.dtype.element_ty))
+
+
+@triton.jit
+def query_tile(desc_q, desc_do, lse_src, delta_src, row, offs_m, STATS_BY_TMA: tl.constexpr):
+    """Q and dO of query rows ``row + offs_m`` (TMA copies), then their base-2 lse and D: through two 1-D
+    descriptors, or by pointer.  The pointer loads come after the copies: written before them, they made
+    unmasked problems 4-11% slower."""
+    q = desc_q.load([row, 0])
+    do = desc_do.load([row, 0])
+    if STATS_BY_TMA:
+        return q, do, lse_src.load([row]), delta_src.load([row])
+    else:
+        return q, do, tl.load(lse_src + row + offs_m), tl.load(delta_src + row + offs_m)
 
 
 @triton.jit
