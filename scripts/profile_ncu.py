@@ -103,7 +103,7 @@ RAW_PATTERNS = (r"^smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio
                 r"^sm__pipe_\w+_cycles_active\.avg\.pct_of_peak_sustained_active$", r"^launch__",
                 r"^sm__maximum_warps_per_active_cycle_pct$",
                 r"^device__attribute_(multiprocessor_count|l2_cache_size)$")
-SASS_LINES = 400
+SASS_LINES = 600
 
 
 def plan(cases) -> list[tuple[str, str, bool]]:
