@@ -59,8 +59,9 @@ def bwd_dkdv_ws(Q, K, V, DO, LSE2, Delta, DK, DV, H, HKV, N_Q, N_K, sm_scale, qk
     if HAS_LEFT or HAS_RIGHT:
         # The query rows that see some key of this block, [lo, hi) (the forward's question with the mask
         # transposed), in whole query blocks of every head of the group: one flat loop, the mask applied
-        # to every tile.  Warp specialization takes one loop only; a second loop for the unmasked tiles
-        # makes Triton 3.6's pass fail.
+        # to every tile.  Warp specialization takes one loop only (a second loop for the unmasked tiles
+        # makes Triton 3.6's pass fail), and unsplit the plain kernel's three phases were slower
+        # (docs/decisions/backward-mask-loops.md).
         lo, hi, _, _ = visible_range(start=start_n, n_rows=N_K, n_cols=N_Q, left=WIN_RIGHT, right=WIN_LEFT,
                                      BLOCK=BLOCK_N, HAS_LEFT=HAS_RIGHT, HAS_RIGHT=HAS_LEFT)
         lo = lo // BLOCK_M * BLOCK_M
