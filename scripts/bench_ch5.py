@@ -108,8 +108,9 @@ def sdpa_flash_forward(q, k, v, spec):
 
 
 #: the descriptor dK/dV tiles tried beside the plain ones: unsplit (``bwd.WARP_SPECIALIZE_DKDV``), where 8 warps
-#: pay; the tuner's own table lists the 4-warp tiles of the warp-specialized split
-DESCRIPTOR_TILES = {128: [(64, 128, 8, 3, True), (64, 128, 8, 2, True), (32, 128, 8, 3, True)],
+#: pay (4 at D = 64); the tuner's own table lists the 4-warp tiles of the warp-specialized split
+DESCRIPTOR_TILES = {64: [(64, 64, 4, 3, True)],
+                    128: [(64, 128, 8, 3, True), (64, 128, 8, 2, True), (32, 128, 8, 3, True)],
                     256: [(64, 64, 8, 2, True), (64, 64, 8, 3, True)]}
 
 
