@@ -289,8 +289,11 @@ def recorded_values(profile, device=None) -> dict:
     values["label"] = recorded.label(profile.meta)
     values["ncu_version"] = str(profile.meta.get("ncu_version") or NOT_RECORDED)
 
-    def one(case, kernel):
-        hit = launches[(launches["case"] == case) & (launches["kernel"] == kernel)]
+    def one(case, kernel, table=launches):
+        """``table``'s row of one launch (the launches, or the SASS loop counts), None if it has none."""
+        if table.empty:
+            return None
+        hit = table[(table["case"] == case) & (table["kernel"] == kernel)]
         return hit.iloc[0] if len(hit) else None
 
     fwd, causal = one("fwd", "attn_fwd"), one("fwd_causal", "attn_fwd")
@@ -392,10 +395,9 @@ def recorded_values(profile, device=None) -> dict:
                           fwd_ex2_extra=f"{r['mufu_ex2'] - r['scores_per_thread'] * r['iterations']:.0f}",
                           fwd_ex2_per_score=f"{r['ex2_per_score']:.2f}")
     # the dK/dV loop's CTA-wide barriers and the TMA copies they guard, per pass of its hot loop
-    ws = profile.sass[(profile.sass["case"] == "bwd_causal") & (profile.sass["kernel"] == "bwd_dkdv_ws")] \
-        if not profile.sass.empty else profile.sass
-    if len(ws):
-        values.update(bwd_loop_bar=f"{ws.iloc[0]['loop_bar']:.0f}", bwd_loop_tma=f"{ws.iloc[0]['loop_utmaldg']:.0f}")
+    ws = one("bwd_causal", "bwd_dkdv_ws", profile.sass)
+    if ws is not None:
+        values.update(bwd_loop_bar=f"{ws['loop_bar']:.0f}", bwd_loop_tma=f"{ws['loop_utmaldg']:.0f}")
     return values
 
 
