@@ -107,8 +107,8 @@ FORWARD_ONLY = ("gpu_ch4", "gpu_ch6", "gpu_first_call", "sweep")
 
 def forward_only(name: str) -> bool:
     """Whether recording ``name`` times forwards alone (``FORWARD_ONLY``)."""
-    if name.startswith(SUITE_PREFIX):
-        name = name[len(SUITE_PREFIX):].split("_", 1)[-1]   # gpu_bench_h200_sweep -> sweep
+    if name.startswith(SUITE_PREFIX):   # gpu_bench_<tag>_<part>, the tag may hold "_" too
+        return any(name.endswith(f"_{part}") for part in FORWARD_ONLY)
     return name in FORWARD_ONLY
 
 
