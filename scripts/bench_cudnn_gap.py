@@ -4,12 +4,14 @@
     python scripts/bench_cudnn_gap.py --smoke          # tiny rows in any world: checks the script
 
 For every row, the forward and then forward plus backward of ``flash_triton`` (``fa_lab.attention``: the
-Triton forward and the two-pass backward) and of SDPA's cuDNN and flash backends, on the same inputs, timed in
+Triton forward and the two-pass backward), of ``flash_gluon`` on the rows it runs (chapter 11's Gluon
+forward on Hopper, the same backward) and of SDPA's cuDNN and flash backends, on the same inputs, timed in
 interleaved rounds (``fa_lab.bench.time_interleaved``: every round times each one, in balanced orders), so all
 three see the same clock.  TFLOP/s count FLOPs as DESIGN.md does: 4·B·H·N²·D (halved under the causal mask),
 ×3.5 for forward plus backward.  A ``summary`` record per (row, dtype, mode) holds the ratios: ours over
-cuDNN and ours over flash, in TFLOP/s.  Each row also records how far our O and gradients are from cuDNN's
-(max |difference|).  A backend that declines a row is a record with its reason, never a crash.
+cuDNN and ours over flash, in TFLOP/s (``ratio_gluon_vs_*``: the Gluon forward's).  Each row also records
+how far our O and gradients are from cuDNN's (max |difference|).  A backend that declines a row is a record
+with its reason, never a crash.
 Writes ``gpu_cudnn_gap.json`` (``fa_lab.bench.records``) into DIR (default fa_lab/data).
 """
 from __future__ import annotations
@@ -39,6 +41,8 @@ ROWS = [(4, 16, 16, 4096, 128, False), (1, 16, 16, 16384, 128, False), (4, 16, 1
         (16, 16, 16, 1024, 128, False)]
 SMOKE_ROWS = [(1, 2, 2, 40, 16, False), (1, 4, 2, 40, 16, True)]
 OURS = "flash_triton"
+#: chapter 11's Gluon forward (with chapter 5's backward), timed beside ours on the rows it runs
+GLUON = "flash_gluon"
 PEERS = ("sdpa-cudnn", "sdpa-flash")
 MODES = ("fwd", "fwd+bwd")
 
@@ -53,6 +57,8 @@ def header(row, dtype, **fields) -> dict:
 def forwards(q, k, v, spec) -> dict:
     """name -> a zero-argument callable giving O: ours, and each SDPA backend."""
     calls = {OURS: lambda: fa_lab.attention(q, k, v, impl=OURS, causal=spec.causal)}
+    if fa_lab.get_implementation(GLUON).unsupported(spec, fa_lab.WORLD) is None:
+        calls[GLUON] = lambda: fa_lab.attention(q, k, v, impl=GLUON, causal=spec.causal)
     # Nq = Nk on every row: SDPA's top-left causal mask is the bottom-right one here
     calls.update({name: bind(name, q, k, v, spec) for name in PEERS})
     return calls
@@ -101,7 +107,9 @@ def measure_row(row, dtype, rounds: int, measure=None) -> list[dict]:
         flops = attention_flops(B, H, N, N, D, causal=causal, mode=mode)
         errors: dict = {}
         timed = time_interleaved(contenders(q, k, v, spec, mode, do), rounds=rounds, errors=errors, measure=measure)
-        for name in (OURS, *PEERS):
+        for name in (OURS, GLUON, *PEERS):
+            if name == GLUON and name not in timed and name not in errors:
+                continue   # a row the Gluon forward does not run
             rec = header(row, dtype, section="timing", impl=name, mode=mode)
             if name in timed:
                 t = timed[name]
@@ -114,6 +122,8 @@ def measure_row(row, dtype, rounds: int, measure=None) -> list[dict]:
         for peer in PEERS:
             if OURS in rate and peer in rate:
                 summary[f"ratio_vs_{peer.removeprefix('sdpa-')}"] = rate[OURS] / rate[peer]
+            if GLUON in rate and peer in rate:
+                summary[f"ratio_gluon_vs_{peer.removeprefix('sdpa-')}"] = rate[GLUON] / rate[peer]
         recs.append(summary)
         ratios = ", ".join(f"{key} {val:.2f}" for key, val in summary.items() if key.startswith("ratio"))
         print(f"({B}, {H}, {Hkv}, {N}, {D}){' causal' if causal else ''} {long_name(dtype)} {mode}: "

@@ -93,7 +93,7 @@ SOURCES = {
                                                          "launching", "pool_order")),
     "gpu_ch10": ("kernels/varlen", "kernels/triton", "flash_attn"),
     "gpu_first_call": ("kernels/triton", *HOST_PATH),
-    "gpu_cudnn_gap": ("kernels/triton", "autograd.py", "bench/peers.py"),
+    "gpu_cudnn_gap": ("kernels/triton", "kernels/gluon", "autograd.py", "bench/peers.py"),
     SUITE_PREFIX: (*PART_ONE_KERNELS, "bench/peers.py"),
 }
 

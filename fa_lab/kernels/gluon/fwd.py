@@ -1,0 +1,261 @@
+"""A warp-specialized forward for Hopper in Gluon: ``gluon_forward(q, k, v, spec) -> (o, lse)``.
+
+Triton's compiler decides which warps do what.  Gluon, Triton's lower-level language, lets the kernel
+say it, as FlashAttention-3 does in CUDA: each program (128 query rows) has three partitions,
+
+* a **loader** warp that issues the TMA copies of Q, then of every K and V tile, into a ring of
+  ``STAGES`` shared-memory buffers, each guarded by a ``ready`` and an ``empty`` mbarrier;
+* two **consumer** warpgroups, 64 query rows each, that run the online softmax of chapter 4 on the
+  Tensor Cores (``wgmma``): S_j = Q K_jᵀ, then P_j V_j into ``acc``.
+
+The two consumers share the K/V tiles but synchronize only through the mbarriers, so while one
+computes its softmax (the special-function unit) the other's products run on the Tensor Cores.
+Within a consumer, S_j's product is issued before P_{j-1} V_{j-1}'s, so that the next product
+is queued while the softmax runs.  ``docs/decisions/gluon-forward.md`` measures both.
+
+Runs on Hopper (sm_90) only, at D = 128, fp16/bf16, Nq = Nk a multiple of 128, no mask or the
+causal one, GQA included; ``gluon_limits`` names what else it refuses.  Gluon has no interpreter:
+the CPU world never runs it.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fa_lab.autograd import Recompute
+from fa_lab.core.registry import register
+from fa_lab.kernels.triton import triton_backward
+
+LOG2E = 1.4426950408889634
+#: rows of one consumer warpgroup (a wgmma's M), key columns per tile, the only head dim
+BLOCK_M, BLOCK_N, HEAD_DIM = 64, 128, 128
+#: K/V ring depth: two 32 KiB stages of each; three measured no faster and leave no shared memory spare
+STAGES = 2
+#: registers per thread of a consumer warpgroup; the loader warp lives on the minimum (24)
+CONSUMER_REGS = 240
+DTYPES = (torch.float16, torch.bfloat16)
+#: the TMA copies, under their names in Triton 3.6 and in later releases
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def load_partition(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                   q_row, kv_row, n_blocks, BLOCK_N: gl.constexpr):
+    """The loader warp: both consumers' Q tiles once, then K_j and V_j into stage j % STAGES."""
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    ROWS: gl.constexpr = desc_q.block_type.shape[0]
+    mbarrier.expect(q_bar, 2 * desc_q.block_type.nbytes)
+    tma_load(desc_q, [q_row, 0], q_bar, q_smem.index(0))
+    tma_load(desc_q, [q_row + ROWS, 0], q_bar, q_smem.index(1))
+    for j in range(n_blocks):
+        stage = j % STAGES
+        # an mbarrier starts in phase 0, so the first lap's wait for "phase 1 done" passes at once
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_empty.index(stage), phase ^ 1)
+        mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
+        tma_load(desc_k, [kv_row + j * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
+        mbarrier.wait(v_empty.index(stage), phase ^ 1)
+        mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
+        tma_load(desc_v, [kv_row + j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def softmax_update(s, m_i, l_i, qk_scale, col0, row0, MASKED: gl.constexpr, s_layout: gl.constexpr,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One tile of the online softmax in base 2: P (fp32), the rescale alpha, the new m_i and l_i."""
+    if MASKED:
+        # the causal diagonal: key col is visible to row r when col <= r (Nq = Nk); every row keeps its
+        # own key 0 <= col, so no row of a tile is all -inf
+        rows = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        cols = col0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s = gl.where(gl.expand_dims(cols, 0) <= gl.expand_dims(rows, 1), s * qk_scale, float("-inf"))
+        m_ij = gl.maximum(m_i, gl.max(s, 1))
+        p = gl.exp2(s - gl.expand_dims(m_ij, 1))
+    else:
+        # the scale rides on the max and the subtraction: one FMA per score
+        m_ij = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_ij, 1))
+    alpha = gl.exp2(m_i - m_ij)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_ij, l_i
+
+
+@gluon.jit
+def consumer_partition(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                       q_row, row0, n_blocks, n_unmasked, qk_scale,
+                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                       CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """Consumer warpgroup ``WG``: rows ``[WG * BLOCK_M, (WG + 1) * BLOCK_M)`` of the program's tile."""
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    # wgmma layouts for one warpgroup (4 warps): S and acc, and P as the register operand of P·V
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_tile = q_smem.index(WG)
+    q_row = q_row + WG * BLOCK_M
+    row0 = row0 + WG * BLOCK_M
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)   # ignored (use_acc=False): gives S its layout
+
+    mbarrier.wait(q_bar, 0)
+    # key block 0: S_0 and its softmax, before the loop
+    mbarrier.wait(k_ready.index(0), 0)
+    s_tok = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s, _, _ = warpgroup_mma_wait(0, deps=(s_tok, q_tile, k_smem.index(0)))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, alpha, m_i, l_i = softmax_update(s, m_i, l_i, qk_scale, 0, row0, CAUSAL and n_unmasked == 0, s_layout,
+                                        BLOCK_M, BLOCK_N)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_blocks):
+        stage = j % STAGES
+        prev = (j - 1) % STAGES
+        # issue S_j = Q K_jᵀ, then P_{j-1} V_{j-1}; wait for S_j only (the older of the two groups)
+        mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
+        s_tok = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s, _, _ = warpgroup_mma_wait(1, deps=(s_tok, q_tile, k_smem.index(stage)))
+        mbarrier.arrive(k_empty.index(stage), count=1)
+        if CAUSAL and j >= n_unmasked:
+            p, alpha, m_new, l_i = softmax_update(s, m_i, l_i, qk_scale, j * BLOCK_N, row0, True, s_layout,
+                                                  BLOCK_M, BLOCK_N)
+        else:
+            p, alpha, m_new, l_i = softmax_update(s, m_i, l_i, qk_scale, j * BLOCK_N, row0, False, s_layout,
+                                                  BLOCK_M, BLOCK_N)
+        acc, _, _ = warpgroup_mma_wait(0, deps=(acc_tok, p_op, v_smem.index(prev)))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        m_i = m_new
+
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, _, _ = warpgroup_mma_wait(0, deps=(acc_tok, p_op, v_smem.index(last)))
+    mbarrier.arrive(v_empty.index(last), count=1)
+
+    acc = acc / gl.expand_dims(gl.convert_layout(l_i, row_o), 1)
+    # O goes out through Q's buffer: every product that read Q has completed
+    fence_async_shared()
+    q_tile.store(acc.to(dtype))
+    fence_async_shared()
+    tma_store(desc_o, [q_row, 0], q_tile)
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453   # natural log, as every forward of the book
+    gl.store(LSE + q_row + gl.arange(0, BLOCK_M, layout=row_s), lse)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, n, heads, kv_heads,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """One program: 2 * BLOCK_M query rows of one (batch, head), its K/V streamed once for both consumers."""
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    kv_bh = (bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)
+    row0 = pid_m * 2 * BLOCK_M
+    q_row = bh * n + row0
+    kv_row = kv_bh * n
+    if CAUSAL:
+        n_blocks = (row0 + 2 * BLOCK_M) // BLOCK_N   # up to the diagonal
+        n_unmasked = row0 // BLOCK_N                 # blocks left of it need no mask
+    else:
+        n_blocks = n // BLOCK_N
+        n_unmasked = n_blocks
+    dtype: gl.constexpr = desc_q.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [2] + desc_q.block_type.shape, desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_k.block_type.shape, desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + desc_v.block_type.shape, desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        # a stage is free once both consumers are done with it
+        mbarrier.init(k_empty.index(i), count=2)
+        mbarrier.init(v_empty.index(i), count=2)
+    gl.warp_specialize([
+        (consumer_partition, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                              q_row, row0, n_blocks, n_unmasked, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, 0)),
+        (consumer_partition, (desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                              q_row, row0, n_blocks, n_unmasked, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, 1)),
+        (load_partition, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+                          v_empty, q_row, kv_row, n_blocks, BLOCK_N)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def gluon_limits(spec) -> str | None:
+    """Why the Gluon forward cannot run ``spec`` (None if it can): what the kernel assumes, by name."""
+    if spec.head_dim != HEAD_DIM or spec.head_dim_v != HEAD_DIM:
+        return f"the Gluon forward is built for head_dim {HEAD_DIM} only, got {spec.head_dim}"
+    if spec.n_q != spec.n_k:
+        return f"the Gluon forward needs Nq = Nk, got Nq={spec.n_q}, Nk={spec.n_k}"
+    if spec.n_q % (2 * BLOCK_M):
+        return f"the Gluon forward needs N to be a multiple of {2 * BLOCK_M}, got {spec.n_q}"
+    if spec.mask not in ("none", "causal"):
+        return f"the Gluon forward supports masks 'none' and 'causal', got {spec.mask!r}"
+    if spec.device.type == "cuda" and torch.cuda.get_device_capability(spec.device) != (9, 0):
+        major, minor = torch.cuda.get_device_capability(spec.device)
+        return f"the Gluon forward needs a Hopper GPU (compute capability 9.0), got {major}.{minor}"
+    return None
+
+
+def _descriptor(t: torch.Tensor, rows: int):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[t.dtype]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], element)
+    return TensorDescriptor.from_tensor(t.reshape(-1, HEAD_DIM), [rows, HEAD_DIM], layout)
+
+
+def gluon_forward(q, k, v, spec):
+    """``(o, lse)``: o in q's dtype, lse float32 ``(B, H, N)``, natural log (inputs checked by the registry)."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    B, H, N, D = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+    grid = (N // (2 * BLOCK_M), B * H)
+    attn_fwd_ws[grid](_descriptor(q, BLOCK_M), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N),
+                      _descriptor(o, BLOCK_M), lse, spec.scale * LOG2E, N, H, k.shape[1],
+                      BLOCK_M, BLOCK_N, D, STAGES, spec.mask == "causal", CONSUMER_REGS,
+                      num_warps=4, maxnreg=168)
+    return o, lse
+
+
+def flash_gluon(q, k, v, spec):
+    """The Gluon forward with chapter 5's deterministic two-pass backward (the lse it keeps is the same)."""
+    return Recompute.apply(q, k, v, spec, gluon_forward, triton_backward)
+
+
+register(
+    "flash_gluon", chapter=11,
+    description="FlashAttention-3's forward layout in Gluon on Hopper: a TMA loader warp and two consumer "
+                "warpgroups that overlap softmax and Tensor Core products; chapter 5's backward",
+    dtypes=DTYPES, masks=("none", "causal"), head_dims=(HEAD_DIM, HEAD_DIM), worlds=("gpu",),
+    backward=True, backend="triton", limits=gluon_limits,
+    extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,   # lse
+    notes="Hopper (sm_90) only; D = 128, Nq = Nk a multiple of 128, no mask or causal.",
+    tags=("gluon", "tensor-cores", "warp-specialized"),
+)(flash_gluon)

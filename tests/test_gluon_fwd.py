@@ -1,0 +1,94 @@
+"""Chapter 11's Gluon forward (``flash_gluon``) against the float64 reference.
+
+Gluon has no interpreter, so the kernel runs only on a Hopper GPU: there these tests compare O, the
+lse and the gradients (the backward is chapter 5's) with the float64 reference on fresh random
+inputs, both masks, GQA, several lengths, fp16 and bf16.  In every world the registry's refusals are
+checked: what the kernel does not do is a ValueError that names it, never a launch.
+"""
+import pytest
+import torch
+
+import fa_lab
+from fa_lab.core.reference import reference_attention
+from fa_lab.core.testing import assert_close, random_qkv, stable_seed
+from fa_lab.core.world import ON_GPU
+
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
+on_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on a Hopper GPU only")
+
+#: (B, H, Hkv, N): one program, several programs and key blocks, GQA with groups of 2 and of 3
+SHAPES = [(1, 2, 2, 128), (2, 4, 2, 384), (1, 3, 1, 1024)]
+
+
+@on_hopper
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_forward_matches_the_float64_reference(shape, causal, dtype):
+    B, H, Hkv, N = shape
+    q, k, v = random_qkv(B, H, N, N, 128, kv_heads=Hkv, dtype=dtype, seed=stable_seed(shape, causal, dtype))
+    o, lse = fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal, return_lse=True)
+    ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=causal))
+    assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == q.shape[:3]
+    assert_close(o, ref_o, dtype, what="flash_gluon O")
+    assert_close(lse, ref_lse, dtype, what="flash_gluon lse")
+
+
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_match_the_float64_reference(causal):
+    q, k, v = random_qkv(2, 4, 256, 256, 128, kv_heads=2, dtype=torch.bfloat16, seed=stable_seed("grad", causal),
+                         requires_grad=True)
+    do = torch.randn_like(q)
+    got = torch.autograd.grad(fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal), (q, k, v), do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_o, _ = reference_attention(q64, k64, v64, fa_lab.make_spec(q64, k64, v64, causal=causal))
+    expected = torch.autograd.grad(ref_o, (q64, k64, v64), do.double())
+    for name, g, e in zip("QKV", got, expected):
+        assert_close(g, e, torch.bfloat16, what=f"d{name}")
+
+
+@on_hopper
+def test_scale_and_non_contiguous_inputs():
+    q, k, v = random_qkv(1, 2, 256, 256, 128, dtype=torch.float16, seed=3)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)   # (B, N, H, D) memory, (B, H, N, D) view
+    o = fa_lab.attention(q, k, v, impl="flash_gluon", scale=0.05)
+    ref_o, _ = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, scale=0.05))
+    assert_close(o, ref_o, torch.float16, what="O with scale 0.05")
+
+
+@on_hopper
+def test_nan_in_gives_nan_out_in_its_rows_only():
+    q, k, v = random_qkv(1, 2, 256, 256, 128, dtype=torch.bfloat16, seed=4)
+    q[0, 1, 7, 3] = float("nan")
+    o = fa_lab.attention(q, k, v, impl="flash_gluon")
+    assert torch.isnan(o[0, 1, 7]).all()
+    assert not torch.isnan(o[0, 0]).any() and not torch.isnan(o[0, 1, 8:]).any()
+
+
+@pytest.mark.parametrize("head_dim, n_q, n_k, mask, words", [
+    (64, 256, 256, dict(), "head_dim 128"),
+    (128, 256, 384, dict(), "Nq = Nk"),
+    (128, 200, 200, dict(), "multiple of 128"),
+])
+def test_what_it_cannot_do_is_a_clear_value_error(head_dim, n_q, n_k, mask, words):
+    from fa_lab.kernels.gluon.fwd import gluon_limits
+
+    q, k, v = random_qkv(1, 2, n_q, n_k, head_dim, dtype=torch.bfloat16, device="cpu")
+    assert words in gluon_limits(fa_lab.make_spec(q, k, v, **mask))
+    with pytest.raises(ValueError, match="flash_gluon"):
+        fa_lab.attention(q.to(fa_lab.DEVICE), k.to(fa_lab.DEVICE), v.to(fa_lab.DEVICE), impl="flash_gluon", **mask)
+
+
+def test_windows_and_fp32_are_refused_by_name():
+    impl = fa_lab.get_implementation("flash_gluon")
+    q, k, v = random_qkv(1, 2, 256, 256, 128, dtype=torch.bfloat16)
+    assert "masks" in impl.unsupported(fa_lab.make_spec(q, k, v, window=(16, 0)), "gpu")
+    assert "dtypes" in impl.unsupported(fa_lab.make_spec(q.float(), k.float(), v.float()), "gpu")
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU world's refusal")
+def test_the_cpu_world_refuses_it_by_name():
+    q, k, v = random_qkv(1, 2, 256, 256, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="runs only on gpu"):
+        fa_lab.attention(q, k, v, impl="flash_gluon")
