@@ -489,14 +489,18 @@ def test_a_chapter_quotes_the_cudnn_gap_from_the_table():
                       dict(shape="(2, 16, 8192, 256)", mask="causal", dtype="bfloat16")])
     for mode, ratios in (("fwd", [0.9, 0.8]), ("fwd+bwd", [0.7, 0.75])):
         t[f"{mode} ours"], t[f"{mode} cudnn"] = [500.0, 400.0], [500.0 / r for r in ratios]
+        t[f"{mode} gluon"], t[f"{mode} gluon vs cudnn"] = [550.0, float("nan")], [1.1 * ratios[0], float("nan")]
         t[f"{mode} vs cudnn"], t[f"{mode} vs flash"] = ratios, [1.5, 1.6]
     part, kinds, quoted = report.cudnn_gap_mode(t, "fwd+bwd")
-    assert list(part.columns) == ["shape", "mask", "fwd+bwd ours", "fwd+bwd cudnn", "fwd+bwd vs cudnn",
-                                  "fwd+bwd vs flash"] and set(kinds) == set(part.columns)
+    assert list(part.columns) == ["shape", "mask", "fwd+bwd ours", "fwd+bwd gluon", "fwd+bwd cudnn",
+                                  "fwd+bwd vs cudnn", "fwd+bwd gluon vs cudnn", "fwd+bwd vs flash"]
+    assert set(kinds) == set(part.columns) and kinds["fwd+bwd gluon vs cudnn"] == "ratio"
+    # the Gluon kernels' quotes come from the rows they ran (the second row has none)
     assert quoted == dict(low="0.70×", high="0.75×", low_row="(4, 16, 4096, 128)",
-                          high_row="(2, 16, 8192, 256) causal")
+                          high_row="(2, 16, 8192, 256) causal", gluon_low="0.77×", gluon_high="0.77×",
+                          gluon_low_row="(4, 16, 4096, 128)", gluon_high_row="(4, 16, 4096, 128)")
     assert report.cudnn_gap_mode(t, "fwd")[2]["low_row"] == "(2, 16, 8192, 256) causal"
-    t["fwd vs cudnn"] = float("nan")     # cuDNN declined every row: nothing to quote, no error
+    t["fwd vs cudnn"] = t["fwd gluon vs cudnn"] = float("nan")   # cuDNN declined every row: nothing to quote
     assert report.cudnn_gap_mode(t, "fwd")[2] == {}
     with pytest.raises(ValueError, match="mode"):
         report.cudnn_gap_mode(t, "bwd")

@@ -53,14 +53,16 @@ def latency(df, *, shape="(1, 8, 512, 64)"):
     return d[cols].sort_values(["dtype", "mask", "mode", "back_to_back_us"]).reset_index(drop=True)
 
 
-#: the summary columns of ``scripts/bench_cudnn_gap.py``'s recording, and their names in the table
-GAP_COLUMNS = {"tflops_flash_triton": "ours", "tflops_sdpa-cudnn": "cudnn", "ratio_vs_cudnn": "vs cudnn",
-               "ratio_vs_flash": "vs flash"}
+#: the summary columns of ``scripts/bench_cudnn_gap.py``'s recording, and their names in the table: ours
+#: (``flash_triton``), chapter 11's Gluon kernels (``flash_gluon``, on the rows they run), SDPA's cuDNN backend
+GAP_COLUMNS = {"tflops_flash_triton": "ours", "tflops_flash_gluon": "gluon", "tflops_sdpa-cudnn": "cudnn",
+               "ratio_vs_cudnn": "vs cudnn", "ratio_gluon_vs_cudnn": "gluon vs cudnn", "ratio_vs_flash": "vs flash"}
 
 
 def cudnn_gap(df):
     """``scripts/bench_cudnn_gap.py``'s recording as one row per (shape, mask, dtype): forward and
-    forward-plus-backward TFLOP/s of ours and of SDPA's cuDNN backend, and ours over cuDNN and over flash."""
+    forward-plus-backward TFLOP/s of ours, of the Gluon kernels and of SDPA's cuDNN backend, and ours (and the
+    Gluon kernels) over cuDNN, ours over flash."""
     import pandas as pd
 
     d = df[df["section"] == "summary"].reindex(columns=["shape", "mask", "dtype", "mode", *GAP_COLUMNS])
@@ -86,21 +88,23 @@ def cudnn_gap_mode(gap_table, mode: str):
 
     ``kinds`` formats its columns for ``fa_lab.core.tables.table``; ``quoted`` is what prose says of it:
     the lowest and highest ratio to cuDNN (``low``, ``high``) and the rows where they fall (``low_row``,
-    ``high_row``, e.g. ``'(2, 16, 8192, 256) causal'``).
+    ``high_row``, e.g. ``'(2, 16, 8192, 256) causal'``); the same for the Gluon kernels with ``gluon_`` in
+    front, where they ran.
     """
     if mode not in ("fwd", "fwd+bwd"):
         raise ValueError(f"mode must be 'fwd' or 'fwd+bwd', got {mode!r}")
     part = gap_table[["shape", "mask", *(f"{mode} {name}" for name in GAP_COLUMNS.values())]]
     kinds = cudnn_gap_kinds(part.columns)
-    ratio = part[f"{mode} vs cudnn"].dropna()
-    if ratio.empty:   # cuDNN declined every row (no GPU, or no cuDNN): nothing to quote
-        return part, kinds, {}
-
     def row(i):
         return f"{part.loc[i, 'shape']}{'' if part.loc[i, 'mask'] == 'none' else ' ' + part.loc[i, 'mask']}"
 
-    quoted = dict(low=f"{ratio.min():.2f}×", high=f"{ratio.max():.2f}×", low_row=row(ratio.idxmin()),
-                  high_row=row(ratio.idxmax()))
+    quoted = {}
+    for prefix, column in (("", "vs cudnn"), ("gluon_", "gluon vs cudnn")):
+        ratio = part[f"{mode} {column}"].dropna()
+        if ratio.empty:   # cuDNN declined every row (no GPU, or no cuDNN), or no such kernel ran: nothing to quote
+            continue
+        quoted.update({f"{prefix}low": f"{ratio.min():.2f}×", f"{prefix}high": f"{ratio.max():.2f}×",
+                       f"{prefix}low_row": row(ratio.idxmin()), f"{prefix}high_row": row(ratio.idxmax())})
     return part, kinds, quoted
 
 

@@ -32,7 +32,7 @@ IMPLEMENTATION_MODULES = {
     "fa_lab.autograd": ("torch_tiled", "flash_triton", "torch_compile_bwd"),        # chapter 5
     "fa_lab.kernels.varlen.registered": ("triton_varlen",),   # chapter 8: packed variable-length sequences
     "fa_lab.kernels.decode.adapter": ("triton_decode",),      # chapter 9: split-KV decoding over a KV cache
-    "fa_lab.kernels.gluon.fwd": ("flash_gluon",),             # chapter 11: Hopper's warp-specialized forward
+    "fa_lab.kernels.gluon.registered": ("flash_gluon",),      # chapter 11: Gluon on Hopper
 }
 
 ALL_MASKS = ("none", "causal", "window")

@@ -13,9 +13,9 @@ computes its softmax (the special-function unit) the other's products run on the
 Within a consumer, S_j's product is issued before P_{j-1} V_{j-1}'s, so that the next product
 is queued while the softmax runs.  ``docs/decisions/gluon-forward.md`` measures both.
 
-Runs on Hopper (sm_90) only, at D = 128, fp16/bf16, Nq = Nk a multiple of 128, no mask or the
-causal one, GQA included; ``gluon_limits`` names what else it refuses.  Gluon has no interpreter:
-the CPU world never runs it.
+Runs on Hopper (sm_90) only, at D = 64, 128 and 256, fp16/bf16, Nq = Nk a multiple of 128, no mask
+or the causal one, GQA included; ``problems.gluon_limits`` names what else it refuses.  Gluon has no
+interpreter: the CPU world never runs it.
 """
 from __future__ import annotations
 
@@ -30,21 +30,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fa_lab.autograd import Recompute
-from fa_lab.core.registry import register
-from fa_lab.kernels.triton import triton_backward
+from fa_lab.kernels.gluon.copies import CONSUMER_REGS, LOG2E, descriptor, tma_load, tma_store
 
-LOG2E = 1.4426950408889634
-#: rows of one consumer warpgroup (a wgmma's M), key columns per tile, the only head dim
-BLOCK_M, BLOCK_N, HEAD_DIM = 64, 128, 128
-#: K/V ring depth: two 32 KiB stages of each; three measured no faster and leave no shared memory spare
-STAGES = 2
-#: registers per thread of a consumer warpgroup; the loader warp lives on the minimum (24)
-CONSUMER_REGS = 240
-DTYPES = (torch.float16, torch.bfloat16)
-#: the TMA copies, under their names in Triton 3.6 and in later releases
-tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+#: rows of one consumer warpgroup (a wgmma's M)
+BLOCK_M = 64
+#: per head dim: (key columns per tile, K/V ring depth).  D = 256 takes 64-key tiles: 128 would need 64
+#: more registers a thread for S and P beside its 128 of acc.  At D = 128 three stages measured 1-5%
+#: slower than two; at D = 64 a stage is 16 KiB a tensor and three fit easily
+TILES = {64: (128, 3), 128: (128, 2), 256: (64, 2)}
 
 
 @gluon.jit
@@ -124,6 +117,7 @@ def consumer_partition(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_re
                                         BLOCK_M, BLOCK_N)
     p_op = gl.convert_layout(p.to(dtype), p_layout)
 
+    # region: overlap
     for j in range(1, n_blocks):
         stage = j % STAGES
         prev = (j - 1) % STAGES
@@ -145,6 +139,7 @@ def consumer_partition(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_re
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         m_i = m_new
+    # endregion: overlap
 
     last = (n_blocks - 1) % STAGES
     mbarrier.wait(v_ready.index(last), ((n_blocks - 1) // STAGES) & 1)
@@ -206,56 +201,19 @@ def attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, n, heads, kv_head
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_limits(spec) -> str | None:
-    """Why the Gluon forward cannot run ``spec`` (None if it can): what the kernel assumes, by name."""
-    if spec.head_dim != HEAD_DIM or spec.head_dim_v != HEAD_DIM:
-        return f"the Gluon forward is built for head_dim {HEAD_DIM} only, got {spec.head_dim}"
-    if spec.n_q != spec.n_k:
-        return f"the Gluon forward needs Nq = Nk, got Nq={spec.n_q}, Nk={spec.n_k}"
-    if spec.n_q % (2 * BLOCK_M):
-        return f"the Gluon forward needs N to be a multiple of {2 * BLOCK_M}, got {spec.n_q}"
-    if spec.mask not in ("none", "causal"):
-        return f"the Gluon forward supports masks 'none' and 'causal', got {spec.mask!r}"
-    if spec.device.type == "cuda" and torch.cuda.get_device_capability(spec.device) != (9, 0):
-        major, minor = torch.cuda.get_device_capability(spec.device)
-        return f"the Gluon forward needs a Hopper GPU (compute capability 9.0), got {major}.{minor}"
-    return None
-
-
-def _descriptor(t: torch.Tensor, rows: int):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    element = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[t.dtype]
-    layout = gl.NVMMASharedLayout.get_default_for([rows, HEAD_DIM], element)
-    return TensorDescriptor.from_tensor(t.reshape(-1, HEAD_DIM), [rows, HEAD_DIM], layout)
-
-
 def gluon_forward(q, k, v, spec):
     """``(o, lse)``: o in q's dtype, lse float32 ``(B, H, N)``, natural log (inputs checked by the registry)."""
     q, k, v = (t.contiguous() for t in (q, k, v))
     B, H, N, D = q.shape
     o = torch.empty_like(q)
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+    block_n, stages = TILES[D]
     grid = (N // (2 * BLOCK_M), B * H)
-    attn_fwd_ws[grid](_descriptor(q, BLOCK_M), _descriptor(k, BLOCK_N), _descriptor(v, BLOCK_N),
-                      _descriptor(o, BLOCK_M), lse, spec.scale * LOG2E, N, H, k.shape[1],
-                      BLOCK_M, BLOCK_N, D, STAGES, spec.mask == "causal", CONSUMER_REGS,
+    attn_fwd_ws[grid](descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n),
+                      descriptor(o, BLOCK_M), lse, spec.scale * LOG2E, N, H, k.shape[1],
+                      BLOCK_M, block_n, D, stages, spec.mask == "causal", CONSUMER_REGS,
                       num_warps=4, maxnreg=168)
     return o, lse
 
 
-def flash_gluon(q, k, v, spec):
-    """The Gluon forward with chapter 5's deterministic two-pass backward (the lse it keeps is the same)."""
-    return Recompute.apply(q, k, v, spec, gluon_forward, triton_backward)
-
-
-register(
-    "flash_gluon", chapter=11,
-    description="FlashAttention-3's forward layout in Gluon on Hopper: a TMA loader warp and two consumer "
-                "warpgroups that overlap softmax and Tensor Core products; chapter 5's backward",
-    dtypes=DTYPES, masks=("none", "causal"), head_dims=(HEAD_DIM, HEAD_DIM), worlds=("gpu",),
-    backward=True, backend="triton", limits=gluon_limits,
-    extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,   # lse
-    notes="Hopper (sm_90) only; D = 128, Nq = Nk a multiple of 128, no mask or causal.",
-    tags=("gluon", "tensor-cores", "warp-specialized"),
-)(flash_gluon)
+__all__ = ["gluon_forward"]

@@ -1,9 +1,10 @@
-"""Chapter 11's Gluon forward (``flash_gluon``) against the float64 reference.
+"""Chapter 11's Gluon kernels (``flash_gluon``) against the float64 reference.
 
-Gluon has no interpreter, so the kernel runs only on a Hopper GPU: there these tests compare O, the
-lse and the gradients (the backward is chapter 5's) with the float64 reference on fresh random
-inputs, both masks, GQA, several lengths, fp16 and bf16.  In every world the registry's refusals are
-checked: what the kernel does not do is a ValueError that names it, never a launch.
+Gluon has no interpreter, so the kernels run only on a Hopper GPU: there these tests compare O, the
+lse and the gradients with the float64 reference on fresh random inputs, both masks, GQA, several
+lengths, head dims 64, 128 and 256, fp16 and bf16, and check that the gradients are deterministic.
+In every world the registry's refusals are checked: what the kernels do not do is a ValueError that
+names it, never a launch.
 """
 import pytest
 import torch
@@ -21,12 +22,14 @@ SHAPES = [(1, 2, 2, 128), (2, 4, 2, 384), (1, 3, 1, 1024)]
 
 
 @on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_forward_matches_the_float64_reference(shape, causal, dtype):
+def test_forward_matches_the_float64_reference(head_dim, shape, causal, dtype):
     B, H, Hkv, N = shape
-    q, k, v = random_qkv(B, H, N, N, 128, kv_heads=Hkv, dtype=dtype, seed=stable_seed(shape, causal, dtype))
+    q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=dtype,
+                         seed=stable_seed(head_dim, shape, causal, dtype))
     o, lse = fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal, return_lse=True)
     ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=causal))
     assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == q.shape[:3]
@@ -35,10 +38,11 @@ def test_forward_matches_the_float64_reference(shape, causal, dtype):
 
 
 @on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128, 256])   # 256: the Triton backward after the Gluon forward
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradients_match_the_float64_reference(causal):
-    q, k, v = random_qkv(2, 4, 256, 256, 128, kv_heads=2, dtype=torch.bfloat16, seed=stable_seed("grad", causal),
-                         requires_grad=True)
+def test_gradients_match_the_float64_reference(head_dim, causal):
+    q, k, v = random_qkv(2, 4, 256, 256, head_dim, kv_heads=2, dtype=torch.bfloat16,
+                         seed=stable_seed("grad", head_dim, causal), requires_grad=True)
     do = torch.randn_like(q)
     got = torch.autograd.grad(fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal), (q, k, v), do)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -46,6 +50,16 @@ def test_gradients_match_the_float64_reference(causal):
     expected = torch.autograd.grad(ref_o, (q64, k64, v64), do.double())
     for name, g, e in zip("QKV", got, expected):
         assert_close(g, e, torch.bfloat16, what=f"d{name}")
+
+
+@on_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_are_deterministic(causal):
+    q, k, v = random_qkv(1, 4, 512, 512, 128, kv_heads=2, dtype=torch.bfloat16, seed=5, requires_grad=True)
+    do = torch.randn_like(q)
+    first, second = (torch.autograd.grad(fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal), (q, k, v), do)
+                     for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 @on_hopper
@@ -67,12 +81,12 @@ def test_nan_in_gives_nan_out_in_its_rows_only():
 
 
 @pytest.mark.parametrize("head_dim, n_q, n_k, mask, words", [
-    (64, 256, 256, dict(), "head_dim 128"),
+    (96, 256, 256, dict(), "head dims 64, 128, 256"),
     (128, 256, 384, dict(), "Nq = Nk"),
     (128, 200, 200, dict(), "multiple of 128"),
 ])
 def test_what_it_cannot_do_is_a_clear_value_error(head_dim, n_q, n_k, mask, words):
-    from fa_lab.kernels.gluon.fwd import gluon_limits
+    from fa_lab.kernels.gluon.problems import gluon_limits
 
     q, k, v = random_qkv(1, 2, n_q, n_k, head_dim, dtype=torch.bfloat16, device="cpu")
     assert words in gluon_limits(fa_lab.make_spec(q, k, v, **mask))

@@ -1,0 +1,274 @@
+"""Chapter 5's two-pass backward in Gluon for Hopper: ``gluon_backward(q, k, v, o, lse, do, spec)``.
+
+The same two deterministic passes as ``fa_lab.kernels.triton.bwd`` (each gradient element written by one
+program, no atomics), laid out as the forward of ``fwd.py``: a loader warp streams tiles through
+mbarrier-guarded stages, two consumer warpgroups share them and synchronize only through those barriers.
+
+* ``bwd_dq_ws`` (Q-stationary), first: each consumer owns 64 query rows, computes their D = rowsum(O ∘ dO)
+  and base-2 lse (stored for the second pass), then walks the K/V tiles: S = Q Kᵀ, dP = dO Vᵀ,
+  dS = P ∘ (dP − D), dQ += dS K.
+* ``bwd_dkdv_ws`` (K/V-stationary): each consumer owns 64 keys and walks the query tiles of every head of
+  its GQA group: Sᵀ = K Qᵀ, Pᵀ from the saved lse, dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (V dOᵀ − D), dK += dSᵀ Q.
+
+The problems it takes are the forward's (``problems.gluon_limits``: Nq = Nk a multiple of 128) up to D = 128; at
+D = 256 a consumer's dK and dV alone would need 256 registers a thread, and that head dim, like a gradient on
+the lse, goes to the Triton backward.  ``docs/decisions/gluon-forward.md`` has the measurements.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from fa_lab.kernels.gluon.copies import CONSUMER_REGS, LOG2E, descriptor, tma_load, tma_store
+from fa_lab.kernels.triton import triton_backward
+
+#: rows (queries or keys) of one consumer warpgroup, and of the tiles streamed past it
+BLOCK = 64
+#: the largest head dim the Gluon passes take (dK and dV of 64 keys: 2·64·D/128 fp32 registers a thread)
+MAX_HEAD_DIM = 128
+#: depth of the streamed ring (a stage: one 64-row tile of each of two tensors, 32 KiB)
+STAGES = 2
+
+
+@gluon.jit
+def stream_partition(desc_a, desc_b, desc_c, desc_d, c_smem, d_smem, a_smem, b_smem, fixed_bar, ready, empty,
+                     fixed_row, first, n_rows, n_tiles, n_iters, start, BLOCK: gl.constexpr):
+    """The loader warp: the consumers' fixed tiles of C and D once (two 64-row halves each), then tile
+    ``it`` of A and B into stage ``it % STAGES``, walking ``n_tiles`` tiles from ``start`` in each of
+    ``n_iters // n_tiles`` heads of ``n_rows`` rows after ``first``."""
+    STAGES: gl.constexpr = a_smem.type.shape[0]
+    mbarrier.expect(fixed_bar, 4 * desc_c.block_type.nbytes)
+    tma_load(desc_c, [fixed_row, 0], fixed_bar, c_smem.index(0))
+    tma_load(desc_c, [fixed_row + BLOCK, 0], fixed_bar, c_smem.index(1))
+    tma_load(desc_d, [fixed_row, 0], fixed_bar, d_smem.index(0))
+    tma_load(desc_d, [fixed_row + BLOCK, 0], fixed_bar, d_smem.index(1))
+    for it in range(n_iters):
+        g = it // n_tiles
+        row = first + g * n_rows + start + (it - g * n_tiles) * BLOCK
+        stage = it % STAGES
+        mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(stage), 2 * desc_a.block_type.nbytes)
+        tma_load(desc_a, [row, 0], ready.index(stage), a_smem.index(stage))
+        tma_load(desc_b, [row, 0], ready.index(stage), b_smem.index(stage))
+
+
+@gluon.jit
+def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
+                q_row, row0, n_iters, sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
+                CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG`` of the dQ pass: query rows ``row0 + WG·BLOCK ...`` against K/V tiles 0 .. n_iters."""
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK, 16])
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    q_tile = q_smem.index(WG)
+    do_tile = do_smem.index(WG)
+    q_row = q_row + WG * BLOCK
+    rows = row0 + WG * BLOCK + gl.arange(0, BLOCK, layout=row_s)
+
+    mbarrier.wait(fixed_bar, 0)
+    # this warpgroup's rows: D = rowsum(O ∘ dO) and the base-2 lse, here and for the dK/dV pass
+    offs = q_row + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, io_layout))
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
+    o = gl.load(O + gl.expand_dims(offs, 1) * HEAD_DIM + gl.expand_dims(cols, 0))
+    do = do_tile.load(io_layout)
+    delta = gl.convert_layout(gl.sum(o.to(gl.float32) * do.to(gl.float32), 1), row_s)
+    lse2 = gl.load(LSE + q_row + gl.arange(0, BLOCK, layout=row_s)) * 1.4426950408889634
+    gl.store(Delta + q_row + gl.arange(0, BLOCK, layout=row_s), delta)
+    gl.store(LSE2 + q_row + gl.arange(0, BLOCK, layout=row_s), lse2)
+
+    dq = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
+    s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
+    for j in range(n_iters):
+        stage = j % STAGES
+        mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
+        k_tile = k_smem.index(stage)
+        v_tile = v_smem.index(stage)
+        s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+        if CAUSAL:
+            if j * BLOCK >= row0:   # the program's last two key tiles meet the diagonal of its rows
+                keys = j * BLOCK + gl.arange(0, BLOCK, layout=col_s)
+                p = gl.where(gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1), p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+        ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), a_layout)
+        dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+        dq, _, _ = warpgroup_mma_wait(0, deps=(dq_tok, ds_op, k_tile))
+        mbarrier.arrive(empty.index(stage), count=1)
+    # dQ leaves through Q's buffer (every product that read it has completed)
+    fence_async_shared()
+    q_tile.store((dq * sm_scale).to(dtype))
+    fence_async_shared()
+    tma_store(desc_dq, [q_row, 0], q_tile)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
+                  kv_row, first, n_q, n_tiles, n_iters, m0, k_start, sm_scale, qk_scale,
+                  BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles."""
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK, 16])
+    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    k_tile = k_smem.index(WG)
+    v_tile = v_smem.index(WG)
+    keys = k_start + WG * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
+    dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
+    dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
+    s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
+    mbarrier.wait(fixed_bar, 0)
+    for it in range(n_iters):
+        g = it // n_tiles
+        t = it - g * n_tiles
+        row = first + g * n_q + m0 + t * BLOCK
+        stage = it % STAGES
+        mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+        q_tile = q_smem.index(stage)
+        do_tile = do_smem.index(stage)
+        sT_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        dpT_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        offs = gl.arange(0, BLOCK, layout=col_s)
+        lse2 = gl.load(LSE2 + row + offs)
+        Di = gl.load(Delta + row + offs)
+        sT = warpgroup_mma_wait(1, deps=(sT_tok,))
+        pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
+        if CAUSAL:
+            if t < 2:   # the first two query tiles meet the diagonal of this program's 128 keys
+                queries = m0 + t * BLOCK + offs
+                pT = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0), pT, 0.0)
+        pT_op = gl.convert_layout(pT.to(dtype), a_layout)
+        dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
+        dpT = warpgroup_mma_wait(1, deps=(dpT_tok,))
+        dsT_op = gl.convert_layout((pT * (dpT - gl.expand_dims(Di, 0))).to(dtype), a_layout)
+        dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
+        dv, dk, _, _, _, _ = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pT_op, dsT_op, q_tile, do_tile))
+        mbarrier.arrive(empty.index(stage), count=1)
+    # dK and dV leave through the K and V buffers (every product that read them has completed)
+    fence_async_shared()
+    k_tile.store((dk * sm_scale).to(dtype))
+    v_tile.store(dv.to(dtype))
+    fence_async_shared()
+    tma_store(desc_dk, [kv_row + WG * BLOCK, 0], k_tile)
+    tma_store(desc_dv, [kv_row + WG * BLOCK, 0], v_tile)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _allocate(desc, STAGES: gl.constexpr):
+    """Two fixed 64-row tiles of each of two tensors, a ring of ``STAGES`` for each of two more, and the
+    barriers: the shared memory of either pass."""
+    dtype: gl.constexpr = desc.dtype
+    fixed_a = gl.allocate_shared_memory(dtype, [2] + desc.block_type.shape, desc.layout)
+    fixed_b = gl.allocate_shared_memory(dtype, [2] + desc.block_type.shape, desc.layout)
+    ring_a = gl.allocate_shared_memory(dtype, [STAGES] + desc.block_type.shape, desc.layout)
+    ring_b = gl.allocate_shared_memory(dtype, [STAGES] + desc.block_type.shape, desc.layout)
+    fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(fixed_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)   # free once both consumers are done with it
+    return fixed_a, fixed_b, ring_a, ring_b, fixed_bar, ready, empty
+
+
+@gluon.jit
+def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, heads, kv_heads,
+              sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Grid (query blocks of 2·BLOCK rows, batch · heads)."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:   # the last query blocks see the most keys: start them first
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    kv_bh = (bh // heads) * kv_heads + (bh % heads) // (heads // kv_heads)
+    row0 = pid_m * 2 * BLOCK
+    q_row = bh * n + row0
+    if CAUSAL:
+        n_iters = (row0 + 2 * BLOCK) // BLOCK    # key tiles up to the diagonal
+    else:
+        n_iters = n // BLOCK
+    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, STAGES)
+    gl.warp_specialize([
+        (dq_consumer, (desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
+                       q_row, row0, n_iters, sm_scale, qk_scale, BLOCK, HEAD_DIM, CAUSAL, 0)),
+        (dq_consumer, (desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
+                       q_row, row0, n_iters, sm_scale, qk_scale, BLOCK, HEAD_DIM, CAUSAL, 1)),
+        (stream_partition, (desc_k, desc_v, desc_q, desc_do, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready,
+                            empty, q_row, kv_bh * n, n, n_iters, n_iters, 0, BLOCK)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+@gluon.jit
+def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, n, heads, kv_heads,
+                sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads)."""
+    bhk = gl.program_id(1)
+    group = heads // kv_heads
+    k_start = gl.program_id(0) * 2 * BLOCK
+    kv_row = bhk * n + k_start
+    first = bhk * group * n      # the group's query heads are consecutive rows of Q and dO
+    if CAUSAL:
+        m0 = k_start             # queries before the program's first key see none of its keys
+    else:
+        m0 = 0
+    n_tiles = (n - m0) // BLOCK
+    k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty = _allocate(desc_q, STAGES)
+    gl.warp_specialize([
+        (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
+                         kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
+                         BLOCK, HEAD_DIM, CAUSAL, 0)),
+        (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
+                         kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
+                         BLOCK, HEAD_DIM, CAUSAL, 1)),
+        (stream_partition, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready,
+                            empty, kv_row, first, n, n_tiles, group * n_tiles, m0, BLOCK)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
+    """``(dq, dk, dv)`` from the saved ``q, k, v, o, lse`` and the incoming ``do``; deterministic.
+    A gradient on the lse (``dlse``) and head dims past ``MAX_HEAD_DIM`` go to chapter 5's Triton backward."""
+    if dlse is not None or spec.head_dim > MAX_HEAD_DIM:
+        return triton_backward(q, k, v, o, lse, do, spec, dlse=dlse)
+    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
+    B, H, N, D = q.shape
+    Hkv = k.shape[1]
+    lse = lse.detach().to(torch.float32).contiguous()
+    lse2 = torch.empty_like(lse)
+    delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    descs = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
+    causal = spec.mask == "causal"
+    scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E, BLOCK, D, STAGES, causal, CONSUMER_REGS)
+    bwd_dq_ws[(N // (2 * BLOCK), B * H)](descs["q"], descs["do"], descs["k"], descs["v"], descs["dq"],
+                                         o, lse, lse2, delta, *scalars, num_warps=4, maxnreg=168)
+    bwd_dkdv_ws[(N // (2 * BLOCK), B * Hkv)](descs["q"], descs["do"], descs["k"], descs["v"], descs["dk"],
+                                             descs["dv"], lse2, delta, *scalars, num_warps=4, maxnreg=168)
+    return dq, dk, dv
+
+
+__all__ = ["gluon_backward"]

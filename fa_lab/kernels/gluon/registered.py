@@ -1,0 +1,31 @@
+"""The Gluon forward and backward registered as ``flash_gluon`` (chapter 11)."""
+from __future__ import annotations
+
+from fa_lab.autograd import Recompute
+from fa_lab.core.registry import register
+from fa_lab.kernels.gluon import GLUON_MISSING, gluon_backward, gluon_forward
+from fa_lab.kernels.gluon.problems import DTYPES, HEAD_DIMS, MASKS, gluon_limits
+
+
+def flash_gluon(q, k, v, spec):
+    """The Gluon forward and chapter 5's deterministic two-pass backward, in Gluon too up to D = 128."""
+    return Recompute.apply(q, k, v, spec, gluon_forward, gluon_backward)
+
+
+def limits(spec) -> str | None:
+    """``gluon_limits``, and first whether this process can run Gluon kernels at all."""
+    return GLUON_MISSING or gluon_limits(spec)
+
+
+register(
+    "flash_gluon", chapter=11,
+    description="FlashAttention-3's layout in Gluon on Hopper: a TMA loader warp and two consumer "
+                "warpgroups that overlap softmax and Tensor Core products; forward and chapter 5's two-pass "
+                "backward (deterministic)",
+    dtypes=DTYPES, masks=MASKS, head_dims=(min(HEAD_DIMS), max(HEAD_DIMS)), worlds=("gpu",),
+    backward=True, backend="triton", limits=limits,
+    extra_memory=lambda s: 4 * s.batch * s.heads * s.n_q,   # lse (the backward adds D: as much again)
+    notes="Hopper (sm_90) only; D = 64, 128 or 256 (the backward at D = 256 is chapter 5's Triton one), "
+          "Nq = Nk a multiple of 128, no mask or causal.",
+    tags=("gluon", "tensor-cores", "warp-specialized"),
+)(flash_gluon)
