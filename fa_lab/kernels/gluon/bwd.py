@@ -264,6 +264,7 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     descs = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
     causal = spec.mask == "causal"
     scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E, BLOCK, D, STAGES, causal, CONSUMER_REGS)
+    # 168 registers a thread at launch, then 240 for each consumer: as the forward (fwd.gluon_forward)
     bwd_dq_ws[(N // (2 * BLOCK), B * H)](descs["q"], descs["do"], descs["k"], descs["v"], descs["dq"],
                                          o, lse, lse2, delta, *scalars, num_warps=4, maxnreg=168)
     bwd_dkdv_ws[(N // (2 * BLOCK), B * Hkv)](descs["q"], descs["do"], descs["k"], descs["v"], descs["dk"],

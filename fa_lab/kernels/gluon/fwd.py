@@ -209,6 +209,8 @@ def gluon_forward(q, k, v, spec):
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
     block_n, stages = TILES[D]
     grid = (N // (2 * BLOCK_M), B * H)
+    # 12 warps launch (the loader's warpgroup counts whole) on at most 65,536 / (12 · 32) = 170 registers a
+    # thread, 168 in steps of 8; setmaxnreg then moves them from the loader (24) to the consumers (240)
     attn_fwd_ws[grid](descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n),
                       descriptor(o, BLOCK_M), lse, spec.scale * LOG2E, N, H, k.shape[1],
                       BLOCK_M, block_n, D, stages, spec.mask == "causal", CONSUMER_REGS,
