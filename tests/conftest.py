@@ -45,6 +45,8 @@ SLOW_TESTS = {
     "test_reliability.py::test_numba_or_triton_imported_first_gives_a_plain_error",
     "test_bench.py::test_timer_imports_nothing_of_the_benchmark_suite",
     "test_exercises.py::test_hanging_code_is_stopped",
+    "test_compile_gluon.py::test_every_gluon_kernel_compiles_with_one_warpgroup_per_barrier",
+    "test_compile_gluon.py::test_the_unmasked_kernels_do_not_spill",
     # launch-strategy variants and the long-sequence grid of the Triton forward: its answers on
     # tails, GQA and every mask stay in the fast tier (test_attention.py's STEP_SHAPE, edge tiles)
     "test_triton_fwd.py::test_descriptors_built_on_the_host_or_in_the_kernel",
