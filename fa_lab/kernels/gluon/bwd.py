@@ -14,6 +14,7 @@ The problems it takes are the forward's (``problems.gluon_limits``: Nq = Nk a mu
 D = 256 a consumer's dK and dV alone would need 256 registers a thread, and that head dim, like a gradient on
 the lse, goes to the Triton backward.  ``docs/decisions/gluon-forward.md`` has the measurements.
 """
+# The backward's own measurements are in docs/decisions/gluon-backward.md.
 from __future__ import annotations
 
 import torch
@@ -34,7 +35,7 @@ from fa_lab.kernels.triton import triton_backward
 BLOCK = 64
 #: the largest head dim the Gluon passes take (dK and dV of 64 keys: 2·64·D/128 fp32 registers a thread)
 MAX_HEAD_DIM = 128
-#: depth of the streamed ring (a stage: one 64-row tile of each of two tensors, 32 KiB)
+#: depth of the streamed ring (a stage: one 64-row tile of each of two tensors, 32 KiB at D = 128)
 STAGES = 2
 
 
