@@ -106,10 +106,9 @@ def measure_row(row, dtype, rounds: int, measure=None) -> list[dict]:
     for mode in MODES:
         flops = attention_flops(B, H, N, N, D, causal=causal, mode=mode)
         errors: dict = {}
-        timed = time_interleaved(contenders(q, k, v, spec, mode, do), rounds=rounds, errors=errors, measure=measure)
-        for name in (OURS, GLUON, *PEERS):
-            if name == GLUON and name not in timed and name not in errors:
-                continue   # a row the Gluon forward does not run
+        calls = contenders(q, k, v, spec, mode, do)
+        timed = time_interleaved(calls, rounds=rounds, errors=errors, measure=measure)
+        for name in calls:   # ours, the Gluon kernels where they run, the peers
             rec = header(row, dtype, section="timing", impl=name, mode=mode)
             if name in timed:
                 t = timed[name]
@@ -120,10 +119,9 @@ def measure_row(row, dtype, rounds: int, measure=None) -> list[dict]:
         rate = {r["impl"]: r["tflops"] for r in recs if r.get("mode") == mode and r.get("status") == "ok"}
         summary = header(row, dtype, section="summary", mode=mode, **{f"tflops_{n}": rate.get(n) for n in rate})
         for peer in PEERS:
-            if OURS in rate and peer in rate:
-                summary[f"ratio_vs_{peer.removeprefix('sdpa-')}"] = rate[OURS] / rate[peer]
-            if GLUON in rate and peer in rate:
-                summary[f"ratio_gluon_vs_{peer.removeprefix('sdpa-')}"] = rate[GLUON] / rate[peer]
+            for name, prefix in ((OURS, ""), (GLUON, "gluon_")):
+                if name in rate and peer in rate:
+                    summary[f"ratio_{prefix}vs_{peer.removeprefix('sdpa-')}"] = rate[name] / rate[peer]
         recs.append(summary)
         ratios = ", ".join(f"{key} {val:.2f}" for key, val in summary.items() if key.startswith("ratio"))
         print(f"({B}, {H}, {Hkv}, {N}, {D}){' causal' if causal else ''} {long_name(dtype)} {mode}: "
