@@ -28,7 +28,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fa_lab.kernels.gluon.copies import CONSUMER_REGS, LOG2E, descriptor, tma_load, tma_store
+from fa_lab.kernels.gluon.copies import (
+    CONSUMER_REGS,
+    LOG2E,
+    descriptor,
+    mma_layout,
+    operand_layout,
+    tma_load,
+    tma_store,
+)
 from fa_lab.kernels.triton import triton_backward
 
 #: rows (queries or keys) of one consumer warpgroup, and of the tiles streamed past it
@@ -68,11 +76,9 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
     """Consumer ``WG`` of the dQ pass: query rows ``row0 + WG·BLOCK ...`` against K/V tiles 0 .. n_iters."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK, 16])
-    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    s_layout: gl.constexpr = mma_layout(BLOCK)
+    g_layout: gl.constexpr = mma_layout(HEAD_DIM)
+    a_layout: gl.constexpr = operand_layout(g_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -127,11 +133,9 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
     """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles."""
     STAGES: gl.constexpr = q_smem.type.shape[0]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK, 16])
-    g_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=g_layout, k_width=2)
+    s_layout: gl.constexpr = mma_layout(BLOCK)
+    g_layout: gl.constexpr = mma_layout(HEAD_DIM)
+    a_layout: gl.constexpr = operand_layout(g_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_tile = k_smem.index(WG)
     v_tile = v_smem.index(WG)

@@ -30,7 +30,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from fa_lab.kernels.gluon.copies import CONSUMER_REGS, LOG2E, descriptor, tma_load, tma_store
+from fa_lab.kernels.gluon.copies import (
+    CONSUMER_REGS,
+    LOG2E,
+    descriptor,
+    mma_layout,
+    operand_layout,
+    tma_load,
+    tma_store,
+)
 
 #: rows of one consumer warpgroup (a wgmma's M)
 BLOCK_M = 64
@@ -91,11 +99,9 @@ def consumer_partition(desc_o, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_re
     STAGES: gl.constexpr = k_smem.type.shape[0]
     dtype: gl.constexpr = q_smem.dtype
     # wgmma layouts for one warpgroup (4 warps): S and acc, and P as the register operand of P·V
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    o_layout: gl.constexpr = mma_layout(HEAD_DIM)
+    p_layout: gl.constexpr = operand_layout(o_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_tile = q_smem.index(WG)
