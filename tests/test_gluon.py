@@ -38,6 +38,22 @@ def test_forward_matches_the_float64_reference(head_dim, shape, causal, dtype):
 
 
 @on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_programs_walk_several_tiles(head_dim, causal):
+    # 1,024 tiles of 128 query rows: at D <= 128 each program of a one-per-multiprocessor grid runs several,
+    # its ring and its Q and O buffers carried from one tile to the next, across heads of a GQA group
+    B, H, Hkv, N = 2, 32, 8, 2048
+    assert B * H * N // 128 >= 3 * torch.cuda.get_device_properties(0).multi_processor_count
+    q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=torch.bfloat16,
+                         seed=stable_seed("persistent", head_dim, causal))
+    o, lse = fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal, return_lse=True)
+    ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=causal))
+    assert_close(o, ref_o, torch.bfloat16, what="flash_gluon O")
+    assert_close(lse, ref_lse, torch.bfloat16, what="flash_gluon lse")
+
+
+@on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128, 256])   # 256: the Triton backward after the Gluon forward
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_match_the_float64_reference(head_dim, causal):
@@ -53,9 +69,10 @@ def test_gradients_match_the_float64_reference(head_dim, causal):
 
 
 @on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])   # 64: the dQ pass streams 128-key tiles
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradients_are_deterministic(causal):
-    q, k, v = random_qkv(1, 4, 512, 512, 128, kv_heads=2, dtype=torch.bfloat16, seed=5, requires_grad=True)
+def test_gradients_are_deterministic(head_dim, causal):
+    q, k, v = random_qkv(1, 4, 512, 512, head_dim, kv_heads=2, dtype=torch.bfloat16, seed=5, requires_grad=True)
     do = torch.randn_like(q)
     first, second = (torch.autograd.grad(fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal), (q, k, v), do)
                      for _ in range(2))
