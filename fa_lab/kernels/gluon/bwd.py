@@ -39,21 +39,27 @@ from fa_lab.kernels.gluon.copies import (
 )
 from fa_lab.kernels.triton import triton_backward
 
-#: rows (queries or keys) of one consumer warpgroup, and of the tiles streamed past it
+#: rows (queries or keys) of one consumer warpgroup
 BLOCK = 64
+#: per head dim, keys of the K/V tiles streamed past the dQ pass's consumers.  At D = 64 tiles of 128 keys
+#: halve the barrier round trips and measured 5% faster; the dK/dV pass streams 64-query tiles at every D,
+#: since 128 would spill its two 64 × D fp32 accumulators
+KEY_TILE = {64: 128, 128: 64}
 #: the largest head dim the Gluon passes take (dK and dV of 64 keys: 2·64·D/128 fp32 registers a thread)
 MAX_HEAD_DIM = 128
-#: depth of the streamed ring (a stage: one 64-row tile of each of two tensors, 32 KiB at D = 128)
+#: depth of the streamed ring (a stage: one tile of each of two tensors, 32 KiB at D = 128)
 STAGES = 2
 
 
 @gluon.jit
 def stream_partition(desc_a, desc_b, desc_c, desc_d, c_smem, d_smem, a_smem, b_smem, fixed_bar, ready, empty,
-                     fixed_row, first, n_rows, n_tiles, n_iters, start, BLOCK: gl.constexpr):
-    """The loader warp: the consumers' fixed tiles of C and D once (two 64-row halves each), then tile
-    ``it`` of A and B into stage ``it % STAGES``, walking ``n_tiles`` tiles from ``start`` in each of
+                     fixed_row, first, n_rows, n_tiles, n_iters, start):
+    """The loader warp: the consumers' fixed tiles of C and D once (two halves each, one per consumer), then
+    tile ``it`` of A and B into stage ``it % STAGES``, walking ``n_tiles`` tiles from ``start`` in each of
     ``n_iters // n_tiles`` heads of ``n_rows`` rows after ``first``."""
     STAGES: gl.constexpr = a_smem.type.shape[0]
+    BLOCK: gl.constexpr = desc_c.block_type.shape[0]
+    BLOCK_N: gl.constexpr = desc_a.block_type.shape[0]
     mbarrier.expect(fixed_bar, 4 * desc_c.block_type.nbytes)
     tma_load(desc_c, [fixed_row, 0], fixed_bar, c_smem.index(0))
     tma_load(desc_c, [fixed_row + BLOCK, 0], fixed_bar, c_smem.index(1))
@@ -61,7 +67,7 @@ def stream_partition(desc_a, desc_b, desc_c, desc_d, c_smem, d_smem, a_smem, b_s
     tma_load(desc_d, [fixed_row + BLOCK, 0], fixed_bar, d_smem.index(1))
     for it in range(n_iters):
         g = it // n_tiles
-        row = first + g * n_rows + start + (it - g * n_tiles) * BLOCK
+        row = first + g * n_rows + start + (it - g * n_tiles) * BLOCK_N
         stage = it % STAGES
         mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), 2 * desc_a.block_type.nbytes)
@@ -75,8 +81,9 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
                 CAUSAL: gl.constexpr, WG: gl.constexpr):
     """Consumer ``WG`` of the dQ pass: query rows ``row0 + WG·BLOCK ...`` against K/V tiles 0 .. n_iters."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = mma_layout(BLOCK)
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = operand_layout(g_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -99,7 +106,7 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
     gl.store(LSE2 + q_row + gl.arange(0, BLOCK, layout=row_s), lse2)
 
     dq = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
-    s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
+    s_init = gl.zeros([BLOCK, BLOCK_N], gl.float32, s_layout)
     for j in range(n_iters):
         stage = j % STAGES
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
@@ -110,8 +117,8 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
         s = warpgroup_mma_wait(1, deps=(s_tok,))
         p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
         if CAUSAL:
-            if j * BLOCK >= row0:   # the program's last two key tiles meet the diagonal of its rows
-                keys = j * BLOCK + gl.arange(0, BLOCK, layout=col_s)
+            if j * BLOCK_N >= row0:   # the program's last key tiles meet the diagonal of its rows
+                keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
                 p = gl.where(gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1), p, 0.0)
         dp = warpgroup_mma_wait(0, deps=(dp_tok,))
         ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), a_layout)
@@ -132,8 +139,9 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
                   BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
     """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles."""
     STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = q_smem.type.shape[1]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = mma_layout(BLOCK)
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = operand_layout(g_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -142,26 +150,26 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
     keys = k_start + WG * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
     dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
     dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
-    s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
+    s_init = gl.zeros([BLOCK, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(fixed_bar, 0)
     for it in range(n_iters):
         g = it // n_tiles
         t = it - g * n_tiles
-        row = first + g * n_q + m0 + t * BLOCK
+        row = first + g * n_q + m0 + t * BLOCK_N
         stage = it % STAGES
         mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
         sT_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
         dpT_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        offs = gl.arange(0, BLOCK, layout=col_s)
+        offs = gl.arange(0, BLOCK_N, layout=col_s)
         lse2 = gl.load(LSE2 + row + offs)
         Di = gl.load(Delta + row + offs)
         sT = warpgroup_mma_wait(1, deps=(sT_tok,))
         pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
         if CAUSAL:
-            if t < 2:   # the first two query tiles meet the diagonal of this program's 128 keys
-                queries = m0 + t * BLOCK + offs
+            if t * BLOCK_N < 2 * BLOCK:   # the first query tiles meet the diagonal of this program's keys
+                queries = m0 + t * BLOCK_N + offs
                 pT = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0), pT, 0.0)
         pT_op = gl.convert_layout(pT.to(dtype), a_layout)
         dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
@@ -181,14 +189,14 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
 
 
 @gluon.jit
-def _allocate(desc, STAGES: gl.constexpr):
-    """Two fixed 64-row tiles of each of two tensors, a ring of ``STAGES`` for each of two more, and the
-    barriers: the shared memory of either pass."""
-    dtype: gl.constexpr = desc.dtype
-    fixed_a = gl.allocate_shared_memory(dtype, [2] + desc.block_type.shape, desc.layout)
-    fixed_b = gl.allocate_shared_memory(dtype, [2] + desc.block_type.shape, desc.layout)
-    ring_a = gl.allocate_shared_memory(dtype, [STAGES] + desc.block_type.shape, desc.layout)
-    ring_b = gl.allocate_shared_memory(dtype, [STAGES] + desc.block_type.shape, desc.layout)
+def _allocate(fixed, streamed, STAGES: gl.constexpr):
+    """Two fixed tiles (``fixed``'s block) of each of two tensors, a ring of ``STAGES`` (``streamed``'s block)
+    for each of two more, and the barriers: the shared memory of either pass."""
+    dtype: gl.constexpr = fixed.dtype
+    fixed_a = gl.allocate_shared_memory(dtype, [2] + fixed.block_type.shape, fixed.layout)
+    fixed_b = gl.allocate_shared_memory(dtype, [2] + fixed.block_type.shape, fixed.layout)
+    ring_a = gl.allocate_shared_memory(dtype, [STAGES] + streamed.block_type.shape, streamed.layout)
+    ring_b = gl.allocate_shared_memory(dtype, [STAGES] + streamed.block_type.shape, streamed.layout)
     fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -203,7 +211,8 @@ def _allocate(desc, STAGES: gl.constexpr):
 def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, heads, kv_heads,
               sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Grid (query blocks of 2·BLOCK rows, batch · heads)."""
+    """Grid (query blocks of 2·BLOCK rows, batch · heads); K and V stream past in tiles of ``desc_k``'s rows."""
+    BLOCK_N: gl.constexpr = desc_k.block_type.shape[0]
     pid_m = gl.program_id(0)
     if CAUSAL:   # the last query blocks see the most keys: start them first
         pid_m = gl.num_programs(0) - 1 - pid_m
@@ -212,17 +221,17 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
     row0 = pid_m * 2 * BLOCK
     q_row = bh * n + row0
     if CAUSAL:
-        n_iters = (row0 + 2 * BLOCK) // BLOCK    # key tiles up to the diagonal
+        n_iters = (row0 + 2 * BLOCK) // BLOCK_N    # key tiles up to the diagonal
     else:
-        n_iters = n // BLOCK
-    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, STAGES)
+        n_iters = n // BLOCK_N
+    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, desc_k, STAGES)
     gl.warp_specialize([
         (dq_consumer, (desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
                        q_row, row0, n_iters, sm_scale, qk_scale, BLOCK, HEAD_DIM, CAUSAL, 0)),
         (dq_consumer, (desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
                        q_row, row0, n_iters, sm_scale, qk_scale, BLOCK, HEAD_DIM, CAUSAL, 1)),
         (stream_partition, (desc_k, desc_v, desc_q, desc_do, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready,
-                            empty, q_row, kv_bh * n, n, n_iters, n_iters, 0, BLOCK)),
+                            empty, q_row, kv_bh * n, n, n_iters, n_iters, 0)),
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -230,7 +239,8 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
 def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, n, heads, kv_heads,
                 sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads)."""
+    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads); Q and dO stream past in tiles of ``desc_q``'s rows."""
+    BLOCK_N: gl.constexpr = desc_q.block_type.shape[0]
     bhk = gl.program_id(1)
     group = heads // kv_heads
     k_start = gl.program_id(0) * 2 * BLOCK
@@ -240,8 +250,8 @@ def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, 
         m0 = k_start             # queries before the program's first key see none of its keys
     else:
         m0 = 0
-    n_tiles = (n - m0) // BLOCK
-    k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty = _allocate(desc_q, STAGES)
+    n_tiles = (n - m0) // BLOCK_N
+    k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty = _allocate(desc_k, desc_q, STAGES)
     gl.warp_specialize([
         (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
@@ -250,7 +260,7 @@ def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, 
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
                          BLOCK, HEAD_DIM, CAUSAL, 1)),
         (stream_partition, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready,
-                            empty, kv_row, first, n, n_tiles, group * n_tiles, m0, BLOCK)),
+                            empty, kv_row, first, n, n_tiles, group * n_tiles, m0)),
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -266,14 +276,17 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     lse2 = torch.empty_like(lse)
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    descs = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
+    # each tensor is a consumer's fixed tile in one pass and streamed in the other; 64-row descriptors serve
+    # both roles except K and V in the dQ pass
+    fixed = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
+    streamed = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
     causal = spec.mask == "causal"
     scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E, BLOCK, D, STAGES, causal, CONSUMER_REGS)
     # 168 registers a thread at launch, then 240 for each consumer: as the forward (fwd.gluon_forward)
-    bwd_dq_ws[(N // (2 * BLOCK), B * H)](descs["q"], descs["do"], descs["k"], descs["v"], descs["dq"],
+    bwd_dq_ws[(N // (2 * BLOCK), B * H)](fixed["q"], fixed["do"], streamed["k"], streamed["v"], fixed["dq"],
                                          o, lse, lse2, delta, *scalars, num_warps=4, maxnreg=168)
-    bwd_dkdv_ws[(N // (2 * BLOCK), B * Hkv)](descs["q"], descs["do"], descs["k"], descs["v"], descs["dk"],
-                                             descs["dv"], lse2, delta, *scalars, num_warps=4, maxnreg=168)
+    bwd_dkdv_ws[(N // (2 * BLOCK), B * Hkv)](fixed["q"], fixed["do"], fixed["k"], fixed["v"], fixed["dk"],
+                                             fixed["dv"], lse2, delta, *scalars, num_warps=4, maxnreg=168)
     return dq, dk, dv
 
 
