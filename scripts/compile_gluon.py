@@ -64,7 +64,7 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
         fn = bwd.bwd_dq_ws if kind == "dq" else bwd.bwd_dkdv_ws
     signature.update({name: "constexpr" for name in constexprs})
     return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs), target=HOPPER,
-                          options=dict(num_warps=4, maxnreg=168))
+                          options=dict(num_warps=4, maxnreg=copies.LAUNCH_REGS))
 
 
 def describe(kind: str, head_dim: int, causal: bool) -> dict:

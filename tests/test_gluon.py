@@ -80,6 +80,34 @@ def test_gradients_are_deterministic(head_dim, causal):
 
 
 @on_hopper
+def test_repeated_calls_through_the_compiled_kernels_match_the_jit(monkeypatch):
+    # the second call of a shape launches the compiled kernels directly (fast_launch); both paths agree bit for bit
+    from fa_lab.kernels.gluon import bwd, fwd
+    from fa_lab.kernels.triton import fast_launch
+
+    q, k, v = random_qkv(2, 4, 384, 384, 128, kv_heads=2, dtype=torch.float16, seed=9, requires_grad=True)
+    do = torch.randn_like(q)
+
+    def run():
+        o = fa_lab.attention(q, k, v, impl="flash_gluon", causal=True)
+        return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
+
+    fast_launch.reset()
+    try:
+        first, direct = run(), run()
+        assert fast_launch._SUPPORTED is True, "this Triton's compiled Gluon kernels changed their calling convention"
+        assert {key[0] for key in fast_launch._COMPILED} == {fwd.attn_fwd_ws, bwd.bwd_dq_ws, bwd.bwd_dkdv_ws}
+        fast_launch.reset()
+        monkeypatch.setattr(fast_launch, "direct_launch_supported", lambda compiled, kernel: False)
+        run()
+        jit = run()
+    finally:
+        fast_launch.reset()
+    for a, b, c in zip(first, direct, jit):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@on_hopper
 def test_scale_and_non_contiguous_inputs():
     q, k, v = random_qkv(1, 2, 256, 256, 128, dtype=torch.float16, seed=3)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)   # (B, N, H, D) memory, (B, H, N, D) view

@@ -32,6 +32,7 @@ from fa_lab.kernels.gluon.copies import (
     CONSUMER_REGS,
     LOG2E,
     descriptor,
+    launch,
     mma_layout,
     operand_layout,
     tma_load,
@@ -281,12 +282,14 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     fixed = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
     streamed = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
     causal = spec.mask == "causal"
-    scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E, BLOCK, D, STAGES, causal, CONSUMER_REGS)
-    # 168 registers a thread at launch, then 240 for each consumer: as the forward (fwd.gluon_forward)
-    bwd_dq_ws[(N // (2 * BLOCK), B * H)](fixed["q"], fixed["do"], streamed["k"], streamed["v"], fixed["dq"],
-                                         o, lse, lse2, delta, *scalars, num_warps=4, maxnreg=168)
-    bwd_dkdv_ws[(N // (2 * BLOCK), B * Hkv)](fixed["q"], fixed["do"], fixed["k"], fixed["v"], fixed["dk"],
-                                             fixed["dv"], lse2, delta, *scalars, num_warps=4, maxnreg=168)
+    meta = dict(BLOCK=BLOCK, HEAD_DIM=D, STAGES=STAGES, CAUSAL=causal, CONSUMER_REGS=CONSUMER_REGS)
+    scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E)
+    # the JIT specializes on the integers and on the alignment of the pointers passed as such
+    key = (q.dtype, q.device, N, H, Hkv, D, causal, o.data_ptr() % 16, lse.data_ptr() % 16)
+    launch(bwd_dq_ws, (N // (2 * BLOCK), B * H), (fixed["q"], fixed["do"], streamed["k"], streamed["v"], fixed["dq"],
+                                                   o, lse, lse2, delta, *scalars), meta, key)
+    launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (fixed["q"], fixed["do"], fixed["k"], fixed["v"], fixed["dk"],
+                                                       fixed["dv"], lse2, delta, *scalars), meta, key)
     return dq, dk, dv
 
 

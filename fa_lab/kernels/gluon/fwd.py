@@ -39,6 +39,7 @@ from fa_lab.kernels.gluon.copies import (
     CONSUMER_REGS,
     LOG2E,
     descriptor,
+    launch,
     mma_layout,
     operand_layout,
     tma_load,
@@ -249,9 +250,11 @@ def attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, n, heads, kv_head
         mbarrier.init(v_empty.index(i), count=2)
     gl.warp_specialize([
         (consumer_partition, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                              k_empty, v_empty, n, heads, kv_heads, n_tiles, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, O_APART, 0)),
+                              k_empty, v_empty, n, heads, kv_heads, n_tiles, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM,
+                              CAUSAL, O_APART, 0)),
         (consumer_partition, (desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                              k_empty, v_empty, n, heads, kv_heads, n_tiles, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, CAUSAL, O_APART, 1)),
+                              k_empty, v_empty, n, heads, kv_heads, n_tiles, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM,
+                              CAUSAL, O_APART, 1)),
         (load_partition, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                           k_empty, v_empty, n, heads, kv_heads, n_tiles, BLOCK_N, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, 24])
@@ -274,12 +277,12 @@ def gluon_forward(q, k, v, spec):
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
     block_n, stages = TILES[D]
     n_tiles = B * H * (N // (2 * BLOCK_M))
-    # 12 warps launch (the loader's warpgroup counts whole) on at most 65,536 / (12 · 32) = 170 registers a
-    # thread, 168 in steps of 8; setmaxnreg then moves them from the loader (24) to the consumers (240)
-    attn_fwd_ws[(programs(n_tiles, D, q.device),)](
-        descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), descriptor(o, BLOCK_M), lse,
-        spec.scale * LOG2E, N, H, k.shape[1], n_tiles, BLOCK_M, block_n, D, stages, spec.mask == "causal",
-        CONSUMER_REGS, num_warps=4, maxnreg=168)
+    causal = spec.mask == "causal"
+    descriptors = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), descriptor(o, BLOCK_M))
+    meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=D, STAGES=stages, CAUSAL=causal,
+                CONSUMER_REGS=CONSUMER_REGS)
+    launch(attn_fwd_ws, (programs(n_tiles, D, q.device),), (*descriptors, lse, spec.scale * LOG2E, N, H, k.shape[1],
+           n_tiles), meta, key=(q.dtype, q.device, N, H, k.shape[1], n_tiles, D, causal))
     return o, lse
 
 
