@@ -4,7 +4,8 @@
 
 For the forward at D = 64, 128 and 256 and the backward's two passes at D = 64 and 128, with and without the
 causal mask, prints the shared memory a program takes, the highest register its SASS names, its local-memory
-stores (spills) and the thread counts of its counted barriers (``BAR.SYNC`` with a count).
+stores (spills), its Tensor Core instructions (``HGMMA``) and the thread counts of its counted barriers
+(``BAR.SYNC`` with a count).
 ``docs/decisions/gluon-forward.md`` rests on the last: each consumer warpgroup, a partition of its own,
 synchronizes its own 128 threads, never both warpgroups' 256 (which kept them in step).
 ``tests/test_compile_gluon.py`` checks it, so a Triton release that compiles the kernels otherwise is noticed.
@@ -77,7 +78,7 @@ def describe(kind: str, head_dim: int, causal: bool) -> dict:
     text = sass.of_cubin(compiled.asm["cubin"])
     registers = [int(r) for r in re.findall(r"\bR(\d+)\b", text)]
     return dict(row, shared_bytes=compiled.metadata.shared, max_register=max(registers, default=0),
-                spill_stores=len(re.findall(r"\bSTL\b", text)),
+                spill_stores=len(re.findall(r"\bSTL\b", text)), products=len(re.findall(r"\bHGMMA\.", text)),
                 barrier_threads=sorted({int(n, 0) for _, n in _BAR.findall(text)}))
 
 

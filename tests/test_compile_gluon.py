@@ -48,3 +48,13 @@ def test_the_unmasked_kernels_do_not_spill(compiled):
     for row in compiled:
         if not row["causal"]:
             assert row["spill_stores"] == 0, row
+
+
+@NEEDS_GLUON
+def test_the_causal_mask_changes_no_product(compiled):
+    # the mask only zeroes scores, so a causal kernel issues as many wgmma instructions as the unmasked one: a count
+    # that differs means a branch of its compiled loop lost (or gained) a product
+    products = {(row["kernel"], row["head_dim"], row["causal"]): row["products"] for row in compiled}
+    for (kind, d, causal), count in products.items():
+        if causal:
+            assert count == products[(kind, d, False)], (kind, d, products)
