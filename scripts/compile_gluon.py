@@ -78,7 +78,7 @@ def describe(kind: str, head_dim: int, causal: bool) -> dict:
     text = sass.of_cubin(compiled.asm["cubin"])
     registers = [int(r) for r in re.findall(r"\bR(\d+)\b", text)]
     return dict(row, shared_bytes=compiled.metadata.shared, max_register=max(registers, default=0),
-                spill_stores=len(re.findall(r"\bSTL\b", text)), products=len(re.findall(r"\bHGMMA\.", text)),
+                spill_stores=len(re.findall(r"\bSTL\b", text)), products=sass.op_counts(sass.parse(text))["HGMMA"],
                 barrier_threads=sorted({int(n, 0) for _, n in _BAR.findall(text)}))
 
 
