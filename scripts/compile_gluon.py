@@ -50,15 +50,16 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
                          desc_v=_desc(block_n, head_dim), desc_o=_desc(fwd.BLOCK_M, head_dim), LSE="*fp32",
                          qk_scale="fp32", **scalars, n_tiles="i32")
         constexprs = dict(BLOCK_M=fwd.BLOCK_M, BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages, CAUSAL=causal,
-                          CONSUMER_REGS=copies.CONSUMER_REGS)
+                          O_APART=fwd.o_apart(head_dim), CONSUMER_REGS=copies.CONSUMER_REGS)
         fn = fwd.attn_fwd_ws
     else:
         d = _desc(bwd.BLOCK, head_dim)
         if kind == "dq":   # K and V stream past fixed Q and dO tiles
             keys = _desc(bwd.KEY_TILE[head_dim], head_dim)
             tensors = dict(desc_q=d, desc_do=d, desc_k=keys, desc_v=keys, desc_dq=d, O="*bf16", LSE="*fp32")
-        else:              # Q and dO stream past fixed K and V tiles, 64 rows as the fixed ones
-            tensors = dict(desc_q=d, desc_do=d, desc_k=d, desc_v=d, desc_dk=d, desc_dv=d)
+        else:              # Q and dO stream past fixed K and V tiles
+            queries = _desc(bwd.QUERY_TILE[head_dim], head_dim)
+            tensors = dict(desc_q=queries, desc_do=queries, desc_k=d, desc_v=d, desc_dk=d, desc_dv=d)
         signature = dict(tensors, LSE2="*fp32", Delta="*fp32", **scalars, sm_scale="fp32", qk_scale="fp32")
         constexprs = dict(BLOCK=bwd.BLOCK, HEAD_DIM=head_dim, STAGES=bwd.STAGES, CAUSAL=causal,
                           CONSUMER_REGS=copies.CONSUMER_REGS)

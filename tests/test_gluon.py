@@ -13,6 +13,7 @@ import fa_lab
 from fa_lab.core.reference import reference_attention
 from fa_lab.core.testing import assert_close, random_qkv, stable_seed
 from fa_lab.core.world import ON_GPU
+from fa_lab.kernels.gluon import gluon_forward
 
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0)
 on_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on a Hopper GPU only")
@@ -30,11 +31,16 @@ def test_forward_matches_the_float64_reference(head_dim, shape, causal, dtype):
     B, H, Hkv, N = shape
     q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=dtype,
                          seed=stable_seed(head_dim, shape, causal, dtype))
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
     o, lse = fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal, return_lse=True)
-    ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=causal))
     assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == q.shape[:3]
     assert_close(o, ref_o, dtype, what="flash_gluon O")
     assert_close(lse, ref_lse, dtype, what="flash_gluon lse")
+    # the Gluon kernel itself, also at the head dims where flash_gluon runs chapter 4's forward
+    o, lse = gluon_forward(q, k, v, spec)
+    assert_close(o, ref_o, dtype, what="gluon_forward O")
+    assert_close(lse, ref_lse, dtype, what="gluon_forward lse")
 
 
 @on_hopper
@@ -47,18 +53,21 @@ def test_persistent_programs_walk_several_tiles(head_dim, causal):
     assert B * H * N // 128 >= 3 * torch.cuda.get_device_properties(0).multi_processor_count
     q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=torch.bfloat16,
                          seed=stable_seed("persistent", head_dim, causal))
-    o, lse = fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal, return_lse=True)
-    ref_o, ref_lse = reference_attention(q, k, v, fa_lab.make_spec(q, k, v, causal=causal))
-    assert_close(o, ref_o, torch.bfloat16, what="flash_gluon O")
-    assert_close(lse, ref_lse, torch.bfloat16, what="flash_gluon lse")
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    o, lse = gluon_forward(q, k, v, spec)
+    ref_o, ref_lse = reference_attention(q, k, v, spec)
+    assert_close(o, ref_o, torch.bfloat16, what="gluon_forward O")
+    assert_close(lse, ref_lse, torch.bfloat16, what="gluon_forward lse")
 
 
 @on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128, 256])   # 256: the Triton backward after the Gluon forward
 @pytest.mark.parametrize("causal", [False, True])
-def test_gradients_match_the_float64_reference(head_dim, causal):
-    q, k, v = random_qkv(2, 4, 256, 256, head_dim, kv_heads=2, dtype=torch.bfloat16,
-                         seed=stable_seed("grad", head_dim, causal), requires_grad=True)
+@pytest.mark.parametrize("shape", [(2, 4, 2, 256), (1, 6, 2, 640)], ids=str)   # GQA groups of 2 and of 3
+def test_gradients_match_the_float64_reference(head_dim, causal, shape):
+    B, H, Hkv, N = shape
+    q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=torch.bfloat16,
+                         seed=stable_seed("grad", head_dim, causal, shape), requires_grad=True)
     do = torch.randn_like(q)
     got = torch.autograd.grad(fa_lab.attention(q, k, v, impl="flash_gluon", causal=causal), (q, k, v), do)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -69,7 +78,7 @@ def test_gradients_match_the_float64_reference(head_dim, causal):
 
 
 @on_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])   # 64: the dQ pass streams 128-key tiles
+@pytest.mark.parametrize("head_dim", [64, 128])   # 64: 128-key tiles in the dQ pass, query pairs in the dK/dV pass
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_are_deterministic(head_dim, causal):
     q, k, v = random_qkv(1, 4, 512, 512, head_dim, kv_heads=2, dtype=torch.bfloat16, seed=5, requires_grad=True)

@@ -43,9 +43,10 @@ from fa_lab.kernels.triton import triton_backward
 #: rows (queries or keys) of one consumer warpgroup
 BLOCK = 64
 #: per head dim, keys of the K/V tiles streamed past the dQ pass's consumers.  At D = 64 tiles of 128 keys
-#: halve the barrier round trips and measured 5% faster; the dK/dV pass streams 64-query tiles at every D,
-#: since 128 would spill its two 64 × D fp32 accumulators
+#: halve the barrier round trips and measured 5% faster
 KEY_TILE = {64: 128, 128: 64}
+#: per head dim, queries of the Q/dO tiles streamed past the dK/dV pass's consumers, which take them 64 at a time
+QUERY_TILE = {64: 128, 128: 64}
 #: the largest head dim the Gluon passes take (dK and dV of 64 keys: 2·64·D/128 fp32 registers a thread)
 MAX_HEAD_DIM = 128
 #: depth of the streamed ring (a stage: one tile of each of two tensors, 32 KiB at D = 128)
@@ -135,10 +136,59 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
 
 
 @gluon.jit
+def dkdv_pair(k_tile, v_tile, q_tiles, do_tiles, dk, dv, LSE2, Delta, row, shift, qk_scale, MASKED: gl.constexpr):
+    """A streamed tile of two ``BLOCK``-query slices (a, b), Q's rows ``row ...``, with their products interleaved:
+    each wait leaves the other slice's products in flight, so the Tensor Cores have work while this warpgroup
+    computes exponentials or dS (``warpgroup_mma_wait(n)`` returns once at most n groups, oldest first, are
+    pending).  With ``MASKED`` key row r sees query column c of slice a only when r <= c + ``shift``."""
+    BLOCK: gl.constexpr = k_tile.type.shape[0]
+    dtype: gl.constexpr = q_tiles.dtype
+    s_layout: gl.constexpr = mma_layout(BLOCK)
+    a_layout: gl.constexpr = operand_layout(mma_layout(q_tiles.type.shape[1]))
+    offs = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
+    s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
+    q_a = q_tiles.slice(0, BLOCK)
+    q_b = q_tiles.slice(BLOCK, BLOCK)
+    do_a = do_tiles.slice(0, BLOCK)
+    do_b = do_tiles.slice(BLOCK, BLOCK)
+    sa_tok = warpgroup_mma(k_tile, q_a.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    dpa_tok = warpgroup_mma(v_tile, do_a.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    lse_a = gl.load(LSE2 + row + offs)
+    d_a = gl.load(Delta + row + offs)
+    sa = warpgroup_mma_wait(1, deps=(sa_tok,))                     # pending: dPᵀa
+    sb_tok = warpgroup_mma(k_tile, q_b.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    pa = gl.exp2(sa * qk_scale - gl.expand_dims(lse_a, 0))
+    if MASKED:
+        rows = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
+        pa = gl.where(gl.expand_dims(rows, 1) <= gl.expand_dims(offs + shift, 0), pa, 0.0)
+    pa_op = gl.convert_layout(pa.to(dtype), a_layout)
+    dv = warpgroup_mma(pa_op, do_a, dv, is_async=True)
+    dpa = warpgroup_mma_wait(2, deps=(dpa_tok,))                   # pending: Sᵀb, dV += Pᵀa dOa
+    dpb_tok = warpgroup_mma(v_tile, do_b.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    dsa_op = gl.convert_layout((pa * (dpa - gl.expand_dims(d_a, 0))).to(dtype), a_layout)
+    dk = warpgroup_mma(dsa_op, q_a, dk, is_async=True)
+    lse_b = gl.load(LSE2 + row + BLOCK + offs)
+    d_b = gl.load(Delta + row + BLOCK + offs)
+    sb = warpgroup_mma_wait(3, deps=(sb_tok,))                     # pending: dV(a), dPᵀb, dK(a)
+    pb = gl.exp2(sb * qk_scale - gl.expand_dims(lse_b, 0))
+    if MASKED:
+        rows = gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
+        pb = gl.where(gl.expand_dims(rows, 1) <= gl.expand_dims(offs + shift + BLOCK, 0), pb, 0.0)
+    pb_op = gl.convert_layout(pb.to(dtype), a_layout)
+    dv = warpgroup_mma(pb_op, do_b, dv, is_async=True)
+    dpb = warpgroup_mma_wait(2, deps=(dpb_tok,))                   # pending: dK(a), dV(b)
+    dsb_op = gl.convert_layout((pb * (dpb - gl.expand_dims(d_b, 0))).to(dtype), a_layout)
+    dk = warpgroup_mma(dsb_op, q_b, dk, is_async=True)
+    dv, dk, _, _, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, pa_op, pb_op, dsa_op, dsb_op))
+    return dk, dv
+
+
+@gluon.jit
 def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                   kv_row, first, n_q, n_tiles, n_iters, m0, k_start, sm_scale, qk_scale,
                   BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
-    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles."""
+    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles, of
+    ``BLOCK`` queries or of two slices of ``BLOCK`` (``dkdv_pair``)."""
     STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = q_smem.type.shape[1]
     dtype: gl.constexpr = q_smem.dtype
@@ -156,28 +206,35 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
     for it in range(n_iters):
         g = it // n_tiles
         t = it - g * n_tiles
-        row = first + g * n_q + m0 + t * BLOCK_N
+        row = first + g * n_q + m0 + t * BLOCK_N   # the tile's first query, in Q's rows
         stage = it % STAGES
         mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
-        sT_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        dpT_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        offs = gl.arange(0, BLOCK_N, layout=col_s)
-        lse2 = gl.load(LSE2 + row + offs)
-        Di = gl.load(Delta + row + offs)
-        sT = warpgroup_mma_wait(1, deps=(sT_tok,))
-        pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
-        if CAUSAL:
-            if t * BLOCK_N < 2 * BLOCK:   # the first query tiles meet the diagonal of this program's keys
-                queries = m0 + t * BLOCK_N + offs
-                pT = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0), pT, 0.0)
-        pT_op = gl.convert_layout(pT.to(dtype), a_layout)
-        dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
-        dpT = warpgroup_mma_wait(1, deps=(dpT_tok,))
-        dsT_op = gl.convert_layout((pT * (dpT - gl.expand_dims(Di, 0))).to(dtype), a_layout)
-        dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
-        dv, dk, _, _, _, _ = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pT_op, dsT_op, q_tile, do_tile))
+        if BLOCK_N == 2 * BLOCK:
+            # under the causal mask only a head's first tile (m0 = k_start) meets the diagonal of these keys; past
+            # it a shift of BLOCK keeps every score.  One call, not one per case: with two, the compiled kernel
+            # lost a product in one of them
+            shift = gl.where(t == 0, -WG * BLOCK, BLOCK)
+            dk, dv = dkdv_pair(k_tile, v_tile, q_tile, do_tile, dk, dv, LSE2, Delta, row, shift, qk_scale, CAUSAL)
+        else:   # one slice of BLOCK queries
+            sT_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            dpT_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            offs = gl.arange(0, BLOCK_N, layout=col_s)
+            lse2 = gl.load(LSE2 + row + offs)
+            Di = gl.load(Delta + row + offs)
+            sT = warpgroup_mma_wait(1, deps=(sT_tok,))
+            pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
+            if CAUSAL:
+                if t * BLOCK_N < 2 * BLOCK:   # the first query tiles meet the diagonal of this program's keys
+                    queries = m0 + t * BLOCK_N + offs
+                    pT = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0), pT, 0.0)
+            pT_op = gl.convert_layout(pT.to(dtype), a_layout)
+            dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
+            dpT = warpgroup_mma_wait(1, deps=(dpT_tok,))
+            dsT_op = gl.convert_layout((pT * (dpT - gl.expand_dims(Di, 0))).to(dtype), a_layout)
+            dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
+            dv, dk, _, _, _, _ = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pT_op, dsT_op, q_tile, do_tile))
         mbarrier.arrive(empty.index(stage), count=1)
     # dK and dV leave through the K and V buffers (every product that read them has completed)
     fence_async_shared()
@@ -277,10 +334,11 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     lse2 = torch.empty_like(lse)
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # each tensor is a consumer's fixed tile in one pass and streamed in the other; 64-row descriptors serve
-    # both roles except K and V in the dQ pass
+    # each tensor is a consumer's fixed tile (BLOCK rows) in one pass and streamed in the other (K and V in
+    # KEY_TILE rows, Q and dO in QUERY_TILE rows)
     fixed = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
     streamed = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
+    streamed.update({name: descriptor(t, QUERY_TILE[D]) for name, t in dict(q=q, do=do).items()})
     causal = spec.mask == "causal"
     meta = dict(BLOCK=BLOCK, HEAD_DIM=D, STAGES=STAGES, CAUSAL=causal, CONSUMER_REGS=CONSUMER_REGS)
     scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E)
@@ -288,8 +346,8 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     key = (q.dtype, q.device, N, H, Hkv, D, causal, o.data_ptr() % 16, lse.data_ptr() % 16)
     launch(bwd_dq_ws, (N // (2 * BLOCK), B * H), (fixed["q"], fixed["do"], streamed["k"], streamed["v"], fixed["dq"],
                                                    o, lse, lse2, delta, *scalars), meta, key)
-    launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (fixed["q"], fixed["do"], fixed["k"], fixed["v"], fixed["dk"],
-                                                       fixed["dv"], lse2, delta, *scalars), meta, key)
+    launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (streamed["q"], streamed["do"], fixed["k"], fixed["v"],
+                                                       fixed["dk"], fixed["dv"], lse2, delta, *scalars), meta, key)
     return dq, dk, dv
 
 

@@ -221,12 +221,11 @@ def consumer_partition(desc_o, LSE, q_smem, o_smem, k_smem, v_smem, q_ready, q_e
 @gluon.jit
 def attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, n, heads, kv_heads, n_tiles,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                STAGES: gl.constexpr, CAUSAL: gl.constexpr, O_APART: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """A persistent program: tiles of 2 * BLOCK_M query rows of one (batch, head), ``program_id``, then every
-    ``num_programs``-th after it; each tile's K/V streamed once for both consumers."""
+    ``num_programs``-th after it; each tile's K/V streamed once for both consumers.  O has a buffer of its own
+    with ``O_APART`` (``o_apart``), else it leaves through Q's."""
     dtype: gl.constexpr = desc_q.dtype
-    # D = 256: Q, two K/V stages and a buffer for O would need 256 KiB, more than a block may have
-    O_APART: gl.constexpr = HEAD_DIM <= 128
     q_smem = gl.allocate_shared_memory(dtype, [2] + desc_q.block_type.shape, desc_q.layout)
     if O_APART:
         o_smem = gl.allocate_shared_memory(dtype, [2] + desc_o.block_type.shape, desc_o.layout)
@@ -260,11 +259,17 @@ def attn_fwd_ws(desc_q, desc_k, desc_v, desc_o, LSE, qk_scale, n, heads, kv_head
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def programs(n_tiles: int, head_dim: int, device: torch.device) -> int:
+def o_apart(head_dim: int) -> bool:
+    """Whether O gets a shared-memory buffer of its own: up to D = 128.  At D = 256 Q, two K/V stages and an O
+    buffer would need 256 KiB, more than a block may have."""
+    return head_dim <= 128
+
+
+def programs(n_tiles: int, apart: bool, device: torch.device) -> int:
     """The grid: one program per multiprocessor (a program's shared memory fills one), or fewer tiles, when O
-    has a buffer of its own (D ≤ 128) so a program loads its next Q while it stores an O.  At D = 256 O reuses
-    Q's buffer, a persistent program would wait on each store, and one program per tile measured faster."""
-    if head_dim > 128:
+    has a buffer of its own (``apart``) so a program loads its next Q while it stores an O.  Without one a
+    persistent program would wait on each store, and one program per tile measured faster."""
+    if not apart:
         return n_tiles
     return min(n_tiles, torch.cuda.get_device_properties(device).multi_processor_count)
 
@@ -277,12 +282,13 @@ def gluon_forward(q, k, v, spec):
     lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
     block_n, stages = TILES[D]
     n_tiles = B * H * (N // (2 * BLOCK_M))
-    causal = spec.mask == "causal"
+    causal, apart = spec.mask == "causal", o_apart(D)
     descriptors = (descriptor(q, BLOCK_M), descriptor(k, block_n), descriptor(v, block_n), descriptor(o, BLOCK_M))
-    meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=D, STAGES=stages, CAUSAL=causal,
+    meta = dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, HEAD_DIM=D, STAGES=stages, CAUSAL=causal, O_APART=apart,
                 CONSUMER_REGS=CONSUMER_REGS)
-    launch(attn_fwd_ws, (programs(n_tiles, D, q.device),), (*descriptors, lse, spec.scale * LOG2E, N, H, k.shape[1],
-           n_tiles), meta, key=(q.dtype, q.device, N, H, k.shape[1], n_tiles, D, causal))
+    launch(attn_fwd_ws, (programs(n_tiles, apart, q.device),),
+           (*descriptors, lse, spec.scale * LOG2E, N, H, k.shape[1], n_tiles), meta,
+           key=(q.dtype, q.device, N, H, k.shape[1], n_tiles, D, causal))
     return o, lse
 
 
