@@ -58,11 +58,14 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
             keys = _desc(bwd.KEY_TILE[head_dim], head_dim)
             tensors = dict(desc_q=d, desc_do=d, desc_k=keys, desc_v=keys, desc_dq=d, O="*bf16", LSE="*fp32")
         else:              # Q and dO stream past fixed K and V tiles
-            queries = _desc(bwd.QUERY_TILE[head_dim], head_dim)
+            query_tile, paired = bwd.QUERY_TILE[head_dim, causal]
+            queries = _desc(query_tile, head_dim)
             tensors = dict(desc_q=queries, desc_do=queries, desc_k=d, desc_v=d, desc_dk=d, desc_dv=d)
         signature = dict(tensors, LSE2="*fp32", Delta="*fp32", **scalars, sm_scale="fp32", qk_scale="fp32")
-        constexprs = dict(BLOCK=bwd.BLOCK, HEAD_DIM=head_dim, STAGES=bwd.STAGES, CAUSAL=causal,
-                          CONSUMER_REGS=copies.CONSUMER_REGS)
+        constexprs = dict(BLOCK=bwd.BLOCK, HEAD_DIM=head_dim, STAGES=bwd.STAGES, CAUSAL=causal)
+        if kind == "dkdv":
+            constexprs["PAIRED"] = paired
+        constexprs["CONSUMER_REGS"] = copies.CONSUMER_REGS
         fn = bwd.bwd_dq_ws if kind == "dq" else bwd.bwd_dkdv_ws
     signature.update({name: "constexpr" for name in constexprs})
     return triton.compile(GluonASTSource(fn=fn, signature=signature, constexprs=constexprs), target=HOPPER,

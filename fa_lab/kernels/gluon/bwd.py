@@ -10,9 +10,9 @@ mbarrier-guarded stages, two consumer warpgroups share them and synchronize only
 * ``bwd_dkdv_ws`` (K/V-stationary): each consumer owns 64 keys and walks the query tiles of every head of
   its GQA group: Sᵀ = K Qᵀ, Pᵀ from the saved lse, dV += Pᵀ dO, dSᵀ = Pᵀ ∘ (V dOᵀ − D), dK += dSᵀ Q.
 
-The problems it takes are the forward's (``problems.gluon_limits``: Nq = Nk a multiple of 128) up to D = 128; at
-D = 256 a consumer's dK and dV alone would need 256 registers a thread, and that head dim, like a gradient on
-the lse, goes to the Triton backward.  ``docs/decisions/gluon-forward.md`` has the measurements.
+The problems it takes are the forward's (``problems.gluon_limits``: Nq = Nk a multiple of 128) at the head dims
+of ``problems.BACKWARD_HEAD_DIMS``; ``flash_gluon`` (``registered.py``) sends the others, like a gradient on the
+lse, to the Triton backward.
 """
 # The backward's own measurements are in docs/decisions/gluon-backward.md.
 from __future__ import annotations
@@ -38,17 +38,17 @@ from fa_lab.kernels.gluon.copies import (
     tma_load,
     tma_store,
 )
-from fa_lab.kernels.triton import triton_backward
+from fa_lab.kernels.gluon.problems import BACKWARD_HEAD_DIMS
 
 #: rows (queries or keys) of one consumer warpgroup
 BLOCK = 64
 #: per head dim, keys of the K/V tiles streamed past the dQ pass's consumers.  At D = 64 tiles of 128 keys
 #: halve the barrier round trips and measured 5% faster
 KEY_TILE = {64: 128, 128: 64}
-#: per head dim, queries of the Q/dO tiles streamed past the dK/dV pass's consumers, which take them 64 at a time
-QUERY_TILE = {64: 128, 128: 64}
-#: the largest head dim the Gluon passes take (dK and dV of 64 keys: 2·64·D/128 fp32 registers a thread)
-MAX_HEAD_DIM = 128
+#: per (head dim, causal), queries of the Q/dO tiles streamed past the dK/dV pass's consumers, and whether a
+#: consumer interleaves the products of a 128-query tile's two slices (``dkdv_pair``: at D = 128 that would need
+#: 256 registers a thread) rather than taking its slices one after the other
+QUERY_TILE = {(64, False): (128, True), (64, True): (128, True), (128, False): (128, False), (128, True): (64, False)}
 #: depth of the streamed ring (a stage: one tile of each of two tensors, 32 KiB at D = 128)
 STAGES = 2
 
@@ -136,6 +136,36 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
 
 
 @gluon.jit
+def dkdv_slice(k_tile, v_tile, q_tile, do_tile, dk, dv, LSE2, Delta, row, keys, first_query, diagonal, qk_scale,
+               MASKED: gl.constexpr):
+    """A slice of ``BLOCK`` queries, Q's rows ``row ...``: Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, then dV += Pᵀ dO and
+    dK += dSᵀ Q.  With ``MASKED`` and ``diagonal``, key ``keys[r]`` sees query ``first_query + c`` only when
+    it is not later."""
+    BLOCK: gl.constexpr = q_tile.type.shape[0]
+    dtype: gl.constexpr = q_tile.dtype
+    s_layout: gl.constexpr = mma_layout(BLOCK)
+    a_layout: gl.constexpr = operand_layout(mma_layout(q_tile.type.shape[1]))
+    s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
+    sT_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    dpT_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    offs = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
+    lse2 = gl.load(LSE2 + row + offs)
+    Di = gl.load(Delta + row + offs)
+    sT = warpgroup_mma_wait(1, deps=(sT_tok,))
+    pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
+    if MASKED:
+        if diagonal:
+            pT = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(first_query + offs, 0), pT, 0.0)
+    pT_op = gl.convert_layout(pT.to(dtype), a_layout)
+    dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
+    dpT = warpgroup_mma_wait(1, deps=(dpT_tok,))
+    dsT_op = gl.convert_layout((pT * (dpT - gl.expand_dims(Di, 0))).to(dtype), a_layout)
+    dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
+    dv, dk, _, _, _, _ = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pT_op, dsT_op, q_tile, do_tile))
+    return dk, dv
+
+
+@gluon.jit
 def dkdv_pair(k_tile, v_tile, q_tiles, do_tiles, dk, dv, LSE2, Delta, row, shift, qk_scale, MASKED: gl.constexpr):
     """A streamed tile of two ``BLOCK``-query slices (a, b), Q's rows ``row ...``, with their products interleaved:
     each wait leaves the other slice's products in flight, so the Tensor Cores have work while this warpgroup
@@ -186,22 +216,20 @@ def dkdv_pair(k_tile, v_tile, q_tiles, do_tiles, dk, dv, LSE2, Delta, row, shift
 @gluon.jit
 def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                   kv_row, first, n_q, n_tiles, n_iters, m0, k_start, sm_scale, qk_scale,
-                  BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
-    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles, of
-    ``BLOCK`` queries or of two slices of ``BLOCK`` (``dkdv_pair``)."""
+                  BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
+                  WG: gl.constexpr):
+    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles, taken
+    as slices of ``BLOCK`` queries one after the other (``dkdv_slice``) or, with ``PAIRED``, as two slices whose
+    products interleave (``dkdv_pair``)."""
     STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = q_smem.type.shape[1]
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = mma_layout(BLOCK_N)
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
-    a_layout: gl.constexpr = operand_layout(g_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_tile = k_smem.index(WG)
     v_tile = v_smem.index(WG)
-    keys = k_start + WG * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, s_layout))
+    keys = k_start + WG * BLOCK + gl.arange(0, BLOCK, layout=gl.SliceLayout(1, mma_layout(BLOCK)))
     dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
     dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
-    s_init = gl.zeros([BLOCK, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(fixed_bar, 0)
     for it in range(n_iters):
         g = it // n_tiles
@@ -211,30 +239,19 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
         mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
-        if BLOCK_N == 2 * BLOCK:
+        if PAIRED:
             # under the causal mask only a head's first tile (m0 = k_start) meets the diagonal of these keys; past
             # it a shift of BLOCK keeps every score.  One call, not one per case: with two, the compiled kernel
             # lost a product in one of them
             shift = gl.where(t == 0, -WG * BLOCK, BLOCK)
             dk, dv = dkdv_pair(k_tile, v_tile, q_tile, do_tile, dk, dv, LSE2, Delta, row, shift, qk_scale, CAUSAL)
-        else:   # one slice of BLOCK queries
-            sT_tok = warpgroup_mma(k_tile, q_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-            dpT_tok = warpgroup_mma(v_tile, do_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-            offs = gl.arange(0, BLOCK_N, layout=col_s)
-            lse2 = gl.load(LSE2 + row + offs)
-            Di = gl.load(Delta + row + offs)
-            sT = warpgroup_mma_wait(1, deps=(sT_tok,))
-            pT = gl.exp2(sT * qk_scale - gl.expand_dims(lse2, 0))
-            if CAUSAL:
-                if t * BLOCK_N < 2 * BLOCK:   # the first query tiles meet the diagonal of this program's keys
-                    queries = m0 + t * BLOCK_N + offs
-                    pT = gl.where(gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0), pT, 0.0)
-            pT_op = gl.convert_layout(pT.to(dtype), a_layout)
-            dv_tok = warpgroup_mma(pT_op, do_tile, dv, is_async=True)
-            dpT = warpgroup_mma_wait(1, deps=(dpT_tok,))
-            dsT_op = gl.convert_layout((pT * (dpT - gl.expand_dims(Di, 0))).to(dtype), a_layout)
-            dk_tok = warpgroup_mma(dsT_op, q_tile, dk, is_async=True)
-            dv, dk, _, _, _, _ = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, pT_op, dsT_op, q_tile, do_tile))
+        else:   # the tile's slices of BLOCK queries, one after the other
+            for h in gl.static_range(BLOCK_N // BLOCK):
+                # under the causal mask the first query slices meet the diagonal of this program's keys
+                diagonal = t * BLOCK_N + h * BLOCK < 2 * BLOCK
+                dk, dv = dkdv_slice(k_tile, v_tile, q_tile.slice(h * BLOCK, BLOCK), do_tile.slice(h * BLOCK, BLOCK),
+                                    dk, dv, LSE2, Delta, row + h * BLOCK, keys, m0 + t * BLOCK_N + h * BLOCK,
+                                    diagonal, qk_scale, CAUSAL)
         mbarrier.arrive(empty.index(stage), count=1)
     # dK and dV leave through the K and V buffers (every product that read them has completed)
     fence_async_shared()
@@ -296,7 +313,7 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
 @gluon.jit
 def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, n, heads, kv_heads,
                 sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+                CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     """Grid (key blocks of 2·BLOCK keys, batch · K/V heads); Q and dO stream past in tiles of ``desc_q``'s rows."""
     BLOCK_N: gl.constexpr = desc_q.block_type.shape[0]
     bhk = gl.program_id(1)
@@ -313,20 +330,20 @@ def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, 
     gl.warp_specialize([
         (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
-                         BLOCK, HEAD_DIM, CAUSAL, 0)),
+                         BLOCK, HEAD_DIM, CAUSAL, PAIRED, 0)),
         (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
-                         BLOCK, HEAD_DIM, CAUSAL, 1)),
+                         BLOCK, HEAD_DIM, CAUSAL, PAIRED, 1)),
         (stream_partition, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready,
                             empty, kv_row, first, n, n_tiles, group * n_tiles, m0)),
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
-def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
-    """``(dq, dk, dv)`` from the saved ``q, k, v, o, lse`` and the incoming ``do``; deterministic.
-    A gradient on the lse (``dlse``) and head dims past ``MAX_HEAD_DIM`` go to chapter 5's Triton backward."""
-    if dlse is not None or spec.head_dim > MAX_HEAD_DIM:
-        return triton_backward(q, k, v, o, lse, do, spec, dlse=dlse)
+def gluon_backward(q, k, v, o, lse, do, spec):
+    """``(dq, dk, dv)`` from the saved ``q, k, v, o, lse`` and the incoming ``do``; deterministic."""
+    if spec.head_dim not in BACKWARD_HEAD_DIMS:
+        raise ValueError(f"the Gluon backward is built for head dims {', '.join(map(str, BACKWARD_HEAD_DIMS))}, "
+                         f"got {spec.head_dim} (flash_gluon runs chapter 5's Triton backward there)")
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
     B, H, N, D = q.shape
     Hkv = k.shape[1]
@@ -338,8 +355,9 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     # KEY_TILE rows, Q and dO in QUERY_TILE rows)
     fixed = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
     streamed = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
-    streamed.update({name: descriptor(t, QUERY_TILE[D]) for name, t in dict(q=q, do=do).items()})
     causal = spec.mask == "causal"
+    query_tile, paired = QUERY_TILE[D, causal]
+    streamed.update({name: descriptor(t, query_tile) for name, t in dict(q=q, do=do).items()})
     meta = dict(BLOCK=BLOCK, HEAD_DIM=D, STAGES=STAGES, CAUSAL=causal, CONSUMER_REGS=CONSUMER_REGS)
     scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E)
     # the JIT specializes on the integers and on the alignment of the pointers passed as such
@@ -347,7 +365,8 @@ def gluon_backward(q, k, v, o, lse, do, spec, dlse=None):
     launch(bwd_dq_ws, (N // (2 * BLOCK), B * H), (fixed["q"], fixed["do"], streamed["k"], streamed["v"], fixed["dq"],
                                                    o, lse, lse2, delta, *scalars), meta, key)
     launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (streamed["q"], streamed["do"], fixed["k"], fixed["v"],
-                                                       fixed["dk"], fixed["dv"], lse2, delta, *scalars), meta, key)
+                                                       fixed["dk"], fixed["dv"], lse2, delta, *scalars),
+           dict(meta, PAIRED=paired), (*key, query_tile, paired))
     return dq, dk, dv
 
 

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import torch
 
-#: the head dims the Gluon forward is built for (the backward runs up to 128 itself, see bwd.py)
+#: the head dims the Gluon forward is built for
 HEAD_DIMS = (64, 128, 256)
+#: the head dims the Gluon backward is built for: at D = 256 a consumer's dK and dV alone (64 keys each) would
+#: need 2·64·256/128 = 256 fp32 registers a thread
+BACKWARD_HEAD_DIMS = (64, 128)
 #: query rows per program of either kernel (two consumer warpgroups of 64): sequence lengths are multiples of it
 PROGRAM_ROWS = 128
 DTYPES = (torch.float16, torch.bfloat16)
@@ -27,4 +30,4 @@ def gluon_limits(spec) -> str | None:
     return None
 
 
-__all__ = ["DTYPES", "HEAD_DIMS", "MASKS", "PROGRAM_ROWS", "gluon_limits"]
+__all__ = ["BACKWARD_HEAD_DIMS", "DTYPES", "HEAD_DIMS", "MASKS", "PROGRAM_ROWS", "gluon_limits"]

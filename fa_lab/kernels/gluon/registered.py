@@ -4,8 +4,8 @@ from __future__ import annotations
 from fa_lab.autograd import Recompute
 from fa_lab.core.registry import register
 from fa_lab.kernels.gluon import GLUON_MISSING, gluon_backward, gluon_forward
-from fa_lab.kernels.gluon.problems import DTYPES, HEAD_DIMS, MASKS, gluon_limits
-from fa_lab.kernels.triton import triton_forward
+from fa_lab.kernels.gluon.problems import BACKWARD_HEAD_DIMS, DTYPES, HEAD_DIMS, MASKS, gluon_limits
+from fa_lab.kernels.triton import triton_backward, triton_forward
 
 #: head dims at which ``flash_gluon`` runs chapter 4's Triton forward instead: at D = 64 its programs of one
 #: warpgroup, three to a multiprocessor, measured faster than the Gluon layout (docs/decisions/gluon-forward.md)
@@ -19,10 +19,18 @@ def forward(q, k, v, spec):
     return gluon_forward(q, k, v, spec)
 
 
+def backward(q, k, v, o, lse, do, spec, dlse=None):
+    """``(dq, dk, dv)`` from the Gluon passes at the head dims they are built for; the others, and a gradient on the
+    lse (``dlse``), from chapter 5's Triton backward."""
+    if dlse is not None or spec.head_dim not in BACKWARD_HEAD_DIMS:
+        return triton_backward(q, k, v, o, lse, do, spec, dlse=dlse)
+    return gluon_backward(q, k, v, o, lse, do, spec)
+
+
 def flash_gluon(q, k, v, spec):
-    """The Gluon forward (chapter 4's at D = 64) and chapter 5's deterministic two-pass backward, in Gluon too up
-    to D = 128."""
-    return Recompute.apply(q, k, v, spec, forward, gluon_backward)
+    """The Gluon forward (chapter 4's at D = 64) and chapter 5's deterministic two-pass backward, in Gluon too at
+    D = 64 and 128."""
+    return Recompute.apply(q, k, v, spec, forward, backward)
 
 
 def limits(spec) -> str | None:
