@@ -58,10 +58,12 @@ def stream_partition(desc_a, desc_b, desc_c, desc_d, c_smem, d_smem, a_smem, b_s
                      fixed_row, first, n_rows, n_tiles, n_iters, start):
     """The loader warp: the consumers' fixed tiles of C and D once (two halves each, one per consumer), then
     tile ``it`` of A and B into stage ``it % STAGES``, walking ``n_tiles`` tiles from ``start`` in each of
-    ``n_iters // n_tiles`` heads of ``n_rows`` rows after ``first``."""
-    STAGES: gl.constexpr = a_smem.type.shape[0]
+    ``n_iters // n_tiles`` heads of ``n_rows`` rows after ``first``.  A tile is ``SLICES`` boxes of ``desc_a``'s
+    rows (the ring holds ``SLICES`` buffers a stage), all behind the stage's one barrier."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    SLICES: gl.constexpr = a_smem.type.shape[0] // STAGES
     BLOCK: gl.constexpr = desc_c.block_type.shape[0]
-    BLOCK_N: gl.constexpr = desc_a.block_type.shape[0]
+    BOX: gl.constexpr = desc_a.block_type.shape[0]
     mbarrier.expect(fixed_bar, 4 * desc_c.block_type.nbytes)
     tma_load(desc_c, [fixed_row, 0], fixed_bar, c_smem.index(0))
     tma_load(desc_c, [fixed_row + BLOCK, 0], fixed_bar, c_smem.index(1))
@@ -69,12 +71,13 @@ def stream_partition(desc_a, desc_b, desc_c, desc_d, c_smem, d_smem, a_smem, b_s
     tma_load(desc_d, [fixed_row + BLOCK, 0], fixed_bar, d_smem.index(1))
     for it in range(n_iters):
         g = it // n_tiles
-        row = first + g * n_rows + start + (it - g * n_tiles) * BLOCK_N
+        row = first + g * n_rows + start + (it - g * n_tiles) * SLICES * BOX
         stage = it % STAGES
         mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), 2 * desc_a.block_type.nbytes)
-        tma_load(desc_a, [row, 0], ready.index(stage), a_smem.index(stage))
-        tma_load(desc_b, [row, 0], ready.index(stage), b_smem.index(stage))
+        mbarrier.expect(ready.index(stage), 2 * SLICES * desc_a.block_type.nbytes)
+        for h in gl.static_range(SLICES):
+            tma_load(desc_a, [row + h * BOX, 0], ready.index(stage), a_smem.index(stage * SLICES + h))
+            tma_load(desc_b, [row + h * BOX, 0], ready.index(stage), b_smem.index(stage * SLICES + h))
 
 
 @gluon.jit
@@ -82,7 +85,7 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
                 q_row, row0, n_iters, sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr,
                 CAUSAL: gl.constexpr, WG: gl.constexpr):
     """Consumer ``WG`` of the dQ pass: query rows ``row0 + WG·BLOCK ...`` against K/V tiles 0 .. n_iters."""
-    STAGES: gl.constexpr = k_smem.type.shape[0]
+    STAGES: gl.constexpr = ready.type.shape[0]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
     dtype: gl.constexpr = q_smem.dtype
     s_layout: gl.constexpr = mma_layout(BLOCK_N)
@@ -166,21 +169,17 @@ def dkdv_slice(k_tile, v_tile, q_tile, do_tile, dk, dv, LSE2, Delta, row, keys, 
 
 
 @gluon.jit
-def dkdv_pair(k_tile, v_tile, q_tiles, do_tiles, dk, dv, LSE2, Delta, row, shift, qk_scale, MASKED: gl.constexpr):
+def dkdv_pair(k_tile, v_tile, q_a, q_b, do_a, do_b, dk, dv, LSE2, Delta, row, shift, qk_scale, MASKED: gl.constexpr):
     """A streamed tile of two ``BLOCK``-query slices (a, b), Q's rows ``row ...``, with their products interleaved:
     each wait leaves the other slice's products in flight, so the Tensor Cores have work while this warpgroup
     computes exponentials or dS (``warpgroup_mma_wait(n)`` returns once at most n groups, oldest first, are
     pending).  With ``MASKED`` key row r sees query column c of slice a only when r <= c + ``shift``."""
     BLOCK: gl.constexpr = k_tile.type.shape[0]
-    dtype: gl.constexpr = q_tiles.dtype
+    dtype: gl.constexpr = q_a.dtype
     s_layout: gl.constexpr = mma_layout(BLOCK)
-    a_layout: gl.constexpr = operand_layout(mma_layout(q_tiles.type.shape[1]))
+    a_layout: gl.constexpr = operand_layout(mma_layout(q_a.type.shape[1]))
     offs = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, s_layout))
     s_init = gl.zeros([BLOCK, BLOCK], gl.float32, s_layout)
-    q_a = q_tiles.slice(0, BLOCK)
-    q_b = q_tiles.slice(BLOCK, BLOCK)
-    do_a = do_tiles.slice(0, BLOCK)
-    do_b = do_tiles.slice(BLOCK, BLOCK)
     sa_tok = warpgroup_mma(k_tile, q_a.permute((1, 0)), s_init, use_acc=False, is_async=True)
     dpa_tok = warpgroup_mma(v_tile, do_a.permute((1, 0)), s_init, use_acc=False, is_async=True)
     lse_a = gl.load(LSE2 + row + offs)
@@ -221,8 +220,9 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
     """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles, taken
     as slices of ``BLOCK`` queries one after the other (``dkdv_slice``) or, with ``PAIRED``, as two slices whose
     products interleave (``dkdv_pair``)."""
-    STAGES: gl.constexpr = q_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = q_smem.type.shape[1]
+    STAGES: gl.constexpr = ready.type.shape[0]
+    SLICES: gl.constexpr = q_smem.type.shape[0] // STAGES
+    BLOCK_N: gl.constexpr = SLICES * BLOCK
     dtype: gl.constexpr = q_smem.dtype
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
     k_tile = k_smem.index(WG)
@@ -237,21 +237,21 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
         row = first + g * n_q + m0 + t * BLOCK_N   # the tile's first query, in Q's rows
         stage = it % STAGES
         mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
-        q_tile = q_smem.index(stage)
-        do_tile = do_smem.index(stage)
         if PAIRED:
             # under the causal mask only a head's first tile (m0 = k_start) meets the diagonal of these keys; past
             # it a shift of BLOCK keeps every score.  One call, not one per case: with two, the compiled kernel
             # lost a product in one of them
             shift = gl.where(t == 0, -WG * BLOCK, BLOCK)
-            dk, dv = dkdv_pair(k_tile, v_tile, q_tile, do_tile, dk, dv, LSE2, Delta, row, shift, qk_scale, CAUSAL)
+            dk, dv = dkdv_pair(k_tile, v_tile, q_smem.index(2 * stage), q_smem.index(2 * stage + 1),
+                               do_smem.index(2 * stage), do_smem.index(2 * stage + 1), dk, dv, LSE2, Delta, row,
+                               shift, qk_scale, CAUSAL)
         else:   # the tile's slices of BLOCK queries, one after the other
-            for h in gl.static_range(BLOCK_N // BLOCK):
+            for h in range(SLICES):
                 # under the causal mask the first query slices meet the diagonal of this program's keys
                 diagonal = t * BLOCK_N + h * BLOCK < 2 * BLOCK
-                dk, dv = dkdv_slice(k_tile, v_tile, q_tile.slice(h * BLOCK, BLOCK), do_tile.slice(h * BLOCK, BLOCK),
-                                    dk, dv, LSE2, Delta, row + h * BLOCK, keys, m0 + t * BLOCK_N + h * BLOCK,
-                                    diagonal, qk_scale, CAUSAL)
+                dk, dv = dkdv_slice(k_tile, v_tile, q_smem.index(stage * SLICES + h),
+                                    do_smem.index(stage * SLICES + h), dk, dv, LSE2, Delta, row + h * BLOCK, keys,
+                                    m0 + t * BLOCK_N + h * BLOCK, diagonal, qk_scale, CAUSAL)
         mbarrier.arrive(empty.index(stage), count=1)
     # dK and dV leave through the K and V buffers (every product that read them has completed)
     fence_async_shared()
@@ -264,14 +264,14 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
 
 
 @gluon.jit
-def _allocate(fixed, streamed, STAGES: gl.constexpr):
-    """Two fixed tiles (``fixed``'s block) of each of two tensors, a ring of ``STAGES`` (``streamed``'s block)
-    for each of two more, and the barriers: the shared memory of either pass."""
+def _allocate(fixed, streamed, STAGES: gl.constexpr, SLICES: gl.constexpr):
+    """Two fixed tiles (``fixed``'s block) of each of two tensors, a ring of ``STAGES`` stages of ``SLICES``
+    buffers (``streamed``'s block) for each of two more, and the barriers: the shared memory of either pass."""
     dtype: gl.constexpr = fixed.dtype
     fixed_a = gl.allocate_shared_memory(dtype, [2] + fixed.block_type.shape, fixed.layout)
     fixed_b = gl.allocate_shared_memory(dtype, [2] + fixed.block_type.shape, fixed.layout)
-    ring_a = gl.allocate_shared_memory(dtype, [STAGES] + streamed.block_type.shape, streamed.layout)
-    ring_b = gl.allocate_shared_memory(dtype, [STAGES] + streamed.block_type.shape, streamed.layout)
+    ring_a = gl.allocate_shared_memory(dtype, [STAGES * SLICES] + streamed.block_type.shape, streamed.layout)
+    ring_b = gl.allocate_shared_memory(dtype, [STAGES * SLICES] + streamed.block_type.shape, streamed.layout)
     fixed_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -299,7 +299,7 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
         n_iters = (row0 + 2 * BLOCK) // BLOCK_N    # key tiles up to the diagonal
     else:
         n_iters = n // BLOCK_N
-    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, desc_k, STAGES)
+    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, desc_k, STAGES, 1)
     gl.warp_specialize([
         (dq_consumer, (desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
                        q_row, row0, n_iters, sm_scale, qk_scale, BLOCK, HEAD_DIM, CAUSAL, 0)),
@@ -313,9 +313,10 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
 @gluon.jit
 def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, n, heads, kv_heads,
                 sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads); Q and dO stream past in tiles of ``desc_q``'s rows."""
-    BLOCK_N: gl.constexpr = desc_q.block_type.shape[0]
+                CAUSAL: gl.constexpr, SLICES: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads); Q and dO stream past in tiles of ``SLICES`` slices
+    of ``BLOCK`` queries."""
+    BLOCK_N: gl.constexpr = SLICES * BLOCK
     bhk = gl.program_id(1)
     group = heads // kv_heads
     k_start = gl.program_id(0) * 2 * BLOCK
@@ -326,7 +327,7 @@ def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, 
     else:
         m0 = 0
     n_tiles = (n - m0) // BLOCK_N
-    k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty = _allocate(desc_k, desc_q, STAGES)
+    k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty = _allocate(desc_k, desc_q, STAGES, SLICES)
     gl.warp_specialize([
         (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
@@ -351,22 +352,21 @@ def gluon_backward(q, k, v, o, lse, do, spec):
     lse2 = torch.empty_like(lse)
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # each tensor is a consumer's fixed tile (BLOCK rows) in one pass and streamed in the other (K and V in
-    # KEY_TILE rows, Q and dO in QUERY_TILE rows)
-    fixed = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
-    streamed = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
+    # each tensor is a consumer's fixed tile (BLOCK rows) in one pass and streamed in the other: K and V in
+    # KEY_TILE rows, Q and dO in slices of BLOCK rows
+    blocks = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
+    key_tiles = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
     causal = spec.mask == "causal"
     query_tile, paired = QUERY_TILE[D, causal]
-    streamed.update({name: descriptor(t, query_tile) for name, t in dict(q=q, do=do).items()})
     meta = dict(BLOCK=BLOCK, HEAD_DIM=D, STAGES=STAGES, CAUSAL=causal, CONSUMER_REGS=CONSUMER_REGS)
     scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E)
     # the JIT specializes on the integers and on the alignment of the pointers passed as such
     key = (q.dtype, q.device, N, H, Hkv, D, causal, o.data_ptr() % 16, lse.data_ptr() % 16)
-    launch(bwd_dq_ws, (N // (2 * BLOCK), B * H), (fixed["q"], fixed["do"], streamed["k"], streamed["v"], fixed["dq"],
-                                                   o, lse, lse2, delta, *scalars), meta, key)
-    launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (streamed["q"], streamed["do"], fixed["k"], fixed["v"],
-                                                       fixed["dk"], fixed["dv"], lse2, delta, *scalars),
-           dict(meta, PAIRED=paired), (*key, query_tile, paired))
+    launch(bwd_dq_ws, (N // (2 * BLOCK), B * H), (blocks["q"], blocks["do"], key_tiles["k"], key_tiles["v"],
+                                                   blocks["dq"], o, lse, lse2, delta, *scalars), meta, key)
+    launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (blocks["q"], blocks["do"], blocks["k"], blocks["v"],
+                                                       blocks["dk"], blocks["dv"], lse2, delta, *scalars),
+           dict(meta, SLICES=query_tile // BLOCK, PAIRED=paired), (*key, query_tile, paired))
     return dq, dk, dv
 
 
