@@ -4,9 +4,8 @@
 
 For the forward at D = 64, 128 and 256 and the backward's two passes at D = 64 and 128, with and without the
 causal mask, prints the shared memory a program takes, the highest register its SASS names, its local-memory
-stores (spills), its Tensor Core instructions (``HGMMA``; for the dK/dV pass with its streamed query tile and
-whether a loop body takes two slices of it, ``paired``) and the thread counts of its counted barriers
-(``BAR.SYNC`` with a count).
+stores (spills), its Tensor Core instructions (``HGMMA``) and the thread counts of its counted barriers
+(``BAR.SYNC`` with a count); for the dK/dV pass also its streamed query tile.
 ``docs/decisions/gluon-forward.md`` rests on the last: each consumer warpgroup, a partition of its own,
 synchronizes its own 128 threads, never both warpgroups' 256 (which kept them in step).
 ``tests/test_compile_gluon.py`` checks it, so a Triton release that compiles the kernels otherwise is noticed.
@@ -59,12 +58,11 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
             keys = _desc(bwd.KEY_TILE[head_dim], head_dim)
             tensors = dict(desc_q=d, desc_do=d, desc_k=keys, desc_v=keys, desc_dq=d, O="*bf16", LSE="*fp32")
         else:              # Q and dO stream past fixed K and V tiles
-            query_tile, paired = bwd.QUERY_TILE[head_dim, causal]
             tensors = dict(desc_q=d, desc_do=d, desc_k=d, desc_v=d, desc_dk=d, desc_dv=d)
         signature = dict(tensors, LSE2="*fp32", Delta="*fp32", **scalars, sm_scale="fp32", qk_scale="fp32")
         constexprs = dict(BLOCK=bwd.BLOCK, HEAD_DIM=head_dim, STAGES=bwd.STAGES, CAUSAL=causal)
         if kind == "dkdv":
-            constexprs.update(SLICES=query_tile // bwd.BLOCK, PAIRED=paired)
+            constexprs["SLICES"] = bwd.QUERY_TILE[head_dim] // bwd.BLOCK
         constexprs["CONSUMER_REGS"] = copies.CONSUMER_REGS
         fn = bwd.bwd_dq_ws if kind == "dq" else bwd.bwd_dkdv_ws
     signature.update({name: "constexpr" for name in constexprs})
@@ -75,8 +73,8 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
 def describe(kind: str, head_dim: int, causal: bool) -> dict:
     """What the compiled kernel takes and what its SASS says (see the module's docstring)."""
     row = dict(kernel=kind, head_dim=head_dim, causal=causal)
-    if kind == "dkdv":   # its streamed query tile, and whether its two slices share one loop body (dkdv_pair)
-        row["query_tile"], row["paired"] = bwd.QUERY_TILE[head_dim, causal]
+    if kind == "dkdv":   # its streamed query tile (128: two slices of 64 in one loop body, dkdv_pair)
+        row["query_tile"] = bwd.QUERY_TILE[head_dim]
     try:
         compiled = compile_kernel(kind, head_dim, causal)
     except Exception as exc:   # a release that cannot compile it: say so, as a row

@@ -45,10 +45,10 @@ BLOCK = 64
 #: per head dim, keys of the K/V tiles streamed past the dQ pass's consumers.  At D = 64 tiles of 128 keys
 #: halve the barrier round trips and measured 5% faster
 KEY_TILE = {64: 128, 128: 64}
-#: per (head dim, causal), queries of the Q/dO tiles streamed past the dK/dV pass's consumers, and whether a
-#: consumer interleaves the products of a 128-query tile's two slices (``dkdv_pair``: at D = 128 that would need
-#: 256 registers a thread) rather than taking its slices one after the other
-QUERY_TILE = {(64, False): (128, True), (64, True): (128, True), (128, False): (128, False), (128, True): (64, False)}
+#: per head dim, queries of the Q/dO tiles streamed past the dK/dV pass's consumers: a consumer takes a tile of
+#: 128 as two slices of 64 whose products interleave (``dkdv_pair``; at D = 128 that would need 256 registers a
+#: thread)
+QUERY_TILE = {64: 128, 128: 64}
 #: depth of the streamed ring (a stage: one tile of each of two tensors, 32 KiB at D = 128)
 STAGES = 2
 
@@ -215,11 +215,9 @@ def dkdv_pair(k_tile, v_tile, q_a, q_b, do_a, do_b, dk, dv, LSE2, Delta, row, sh
 @gluon.jit
 def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                   kv_row, first, n_q, n_tiles, n_iters, m0, k_start, sm_scale, qk_scale,
-                  BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, PAIRED: gl.constexpr,
-                  WG: gl.constexpr):
-    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles, taken
-    as slices of ``BLOCK`` queries one after the other (``dkdv_slice``) or, with ``PAIRED``, as two slices whose
-    products interleave (``dkdv_pair``)."""
+                  BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, CAUSAL: gl.constexpr, WG: gl.constexpr):
+    """Consumer ``WG`` of the dK/dV pass: keys ``k_start + WG·BLOCK ...`` against the streamed query tiles, of one
+    slice of ``BLOCK`` queries (``dkdv_slice``) or of two whose products interleave (``dkdv_pair``)."""
     STAGES: gl.constexpr = ready.type.shape[0]
     SLICES: gl.constexpr = q_smem.type.shape[0] // STAGES
     BLOCK_N: gl.constexpr = SLICES * BLOCK
@@ -237,7 +235,7 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
         row = first + g * n_q + m0 + t * BLOCK_N   # the tile's first query, in Q's rows
         stage = it % STAGES
         mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
-        if PAIRED:
+        if SLICES == 2:
             # under the causal mask only a head's first tile (m0 = k_start) meets the diagonal of these keys; past
             # it a shift of BLOCK keeps every score.  One call, not one per case: with two, the compiled kernel
             # lost a product in one of them
@@ -245,13 +243,10 @@ def dkdv_consumer(desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem
             dk, dv = dkdv_pair(k_tile, v_tile, q_smem.index(2 * stage), q_smem.index(2 * stage + 1),
                                do_smem.index(2 * stage), do_smem.index(2 * stage + 1), dk, dv, LSE2, Delta, row,
                                shift, qk_scale, CAUSAL)
-        else:   # the tile's slices of BLOCK queries, one after the other
-            for h in range(SLICES):
-                # under the causal mask the first query slices meet the diagonal of this program's keys
-                diagonal = t * BLOCK_N + h * BLOCK < 2 * BLOCK
-                dk, dv = dkdv_slice(k_tile, v_tile, q_smem.index(stage * SLICES + h),
-                                    do_smem.index(stage * SLICES + h), dk, dv, LSE2, Delta, row + h * BLOCK, keys,
-                                    m0 + t * BLOCK_N + h * BLOCK, diagonal, qk_scale, CAUSAL)
+        else:
+            # under the causal mask the first query tiles meet the diagonal of this program's keys
+            dk, dv = dkdv_slice(k_tile, v_tile, q_smem.index(stage), do_smem.index(stage), dk, dv, LSE2, Delta, row,
+                                keys, m0 + t * BLOCK_N, t * BLOCK_N < 2 * BLOCK, qk_scale, CAUSAL)
         mbarrier.arrive(empty.index(stage), count=1)
     # dK and dV leave through the K and V buffers (every product that read them has completed)
     fence_async_shared()
@@ -313,9 +308,9 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
 @gluon.jit
 def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, n, heads, kv_heads,
                 sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, SLICES: gl.constexpr, PAIRED: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads); Q and dO stream past in tiles of ``SLICES`` slices
-    of ``BLOCK`` queries."""
+                CAUSAL: gl.constexpr, SLICES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Grid (key blocks of 2·BLOCK keys, batch · K/V heads); Q and dO stream past in tiles of ``SLICES`` (1 or 2)
+    slices of ``BLOCK`` queries."""
     BLOCK_N: gl.constexpr = SLICES * BLOCK
     bhk = gl.program_id(1)
     group = heads // kv_heads
@@ -331,10 +326,10 @@ def bwd_dkdv_ws(desc_q, desc_do, desc_k, desc_v, desc_dk, desc_dv, LSE2, Delta, 
     gl.warp_specialize([
         (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
-                         BLOCK, HEAD_DIM, CAUSAL, PAIRED, 0)),
+                         BLOCK, HEAD_DIM, CAUSAL, 0)),
         (dkdv_consumer, (desc_dk, desc_dv, LSE2, Delta, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready, empty,
                          kv_row, first, n, n_tiles, group * n_tiles, m0, k_start, sm_scale, qk_scale,
-                         BLOCK, HEAD_DIM, CAUSAL, PAIRED, 1)),
+                         BLOCK, HEAD_DIM, CAUSAL, 1)),
         (stream_partition, (desc_q, desc_do, desc_k, desc_v, k_smem, v_smem, q_smem, do_smem, fixed_bar, ready,
                             empty, kv_row, first, n, n_tiles, group * n_tiles, m0)),
     ], [4, 1], [CONSUMER_REGS, 24])
@@ -357,7 +352,6 @@ def gluon_backward(q, k, v, o, lse, do, spec):
     blocks = {name: descriptor(t, BLOCK) for name, t in dict(q=q, do=do, k=k, v=v, dq=dq, dk=dk, dv=dv).items()}
     key_tiles = {name: descriptor(t, KEY_TILE[D]) for name, t in dict(k=k, v=v).items()}
     causal = spec.mask == "causal"
-    query_tile, paired = QUERY_TILE[D, causal]
     meta = dict(BLOCK=BLOCK, HEAD_DIM=D, STAGES=STAGES, CAUSAL=causal, CONSUMER_REGS=CONSUMER_REGS)
     scalars = (N, H, Hkv, spec.scale, spec.scale * LOG2E)
     # the JIT specializes on the integers and on the alignment of the pointers passed as such
@@ -366,7 +360,7 @@ def gluon_backward(q, k, v, o, lse, do, spec):
                                                    blocks["dq"], o, lse, lse2, delta, *scalars), meta, key)
     launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (blocks["q"], blocks["do"], blocks["k"], blocks["v"],
                                                        blocks["dk"], blocks["dv"], lse2, delta, *scalars),
-           dict(meta, SLICES=query_tile // BLOCK, PAIRED=paired), (*key, query_tile, paired))
+           dict(meta, SLICES=QUERY_TILE[D] // BLOCK), (*key, QUERY_TILE[D]))
     return dq, dk, dv
 
 
