@@ -61,8 +61,7 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
             tensors = dict(desc_q=d, desc_do=d, desc_k=d, desc_v=d, desc_dk=d, desc_dv=d)
         signature = dict(tensors, LSE2="*fp32", Delta="*fp32", **scalars, sm_scale="fp32", qk_scale="fp32")
         constexprs = dict(BLOCK=bwd.BLOCK, HEAD_DIM=head_dim, STAGES=bwd.STAGES, CAUSAL=causal)
-        if kind == "dkdv":
-            constexprs["SLICES"] = bwd.QUERY_TILE[head_dim] // bwd.BLOCK
+        constexprs["SLICES"] = bwd.QUERY_TILE[head_dim] // bwd.BLOCK if kind == "dkdv" else bwd.KEY_SLICES[head_dim]
         constexprs["CONSUMER_REGS"] = copies.CONSUMER_REGS
         fn = bwd.bwd_dq_ws if kind == "dq" else bwd.bwd_dkdv_ws
     signature.update({name: "constexpr" for name in constexprs})

@@ -106,6 +106,28 @@ def test_both_query_tiles_of_the_dkdv_pass_match_the_float64_reference(head_dim,
 
 
 @on_hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("key_tile", [(64, 1), (64, 2), (128, 1)], ids=["64", "64-pairs", "128"])
+def test_every_key_tiling_of_the_dq_pass_matches_the_float64_reference(head_dim, causal, key_tile, monkeypatch):
+    # (keys of a box, boxes in a streamed tile): two boxes are a pair with interleaved products (dq_pair)
+    from fa_lab.kernels.gluon import bwd
+
+    B, H, Hkv, N = 1, 6, 2, 640
+    q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=torch.bfloat16,
+                         seed=stable_seed("key tile", head_dim, causal, key_tile))
+    do = torch.randn_like(q)
+    spec = fa_lab.make_spec(q, k, v, causal=causal)
+    o, lse = gluon_forward(q, k, v, spec)
+    monkeypatch.setitem(bwd.KEY_TILE, head_dim, key_tile[0])
+    monkeypatch.setitem(bwd.KEY_SLICES, head_dim, key_tile[1])
+    got = bwd.gluon_backward(q, k, v, o, lse, do, spec)
+    expected = reference_gradients(q, k, v, do, causal)
+    for name, g, e in zip("QKV", got, expected):
+        assert_close(g, e, torch.bfloat16, what=f"d{name} with key tiles {key_tile}")
+
+
+@on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128])   # 64: 128-key tiles in the dQ pass, query pairs in the dK/dV pass
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_are_deterministic(head_dim, causal):

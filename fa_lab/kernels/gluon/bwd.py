@@ -45,6 +45,9 @@ BLOCK = 64
 #: per head dim, keys of the K/V tiles streamed past the dQ pass's consumers.  At D = 64 tiles of 128 keys
 #: halve the barrier round trips and measured 5% faster
 KEY_TILE = {64: 128, 128: 64}
+#: per head dim, KEY_TILE boxes in one streamed K/V tile of the dQ pass: 2 takes them as a pair whose products
+#: interleave (``dq_pair``)
+KEY_SLICES = {64: 1, 128: 1}
 #: per head dim, queries of the Q/dO tiles streamed past the dK/dV pass's consumers: a consumer takes a tile of
 #: 128 as two slices of 64 whose products interleave (``dkdv_pair``; at D = 128 that would need 256 registers a
 #: thread)
@@ -86,9 +89,11 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
                 CAUSAL: gl.constexpr, WG: gl.constexpr):
     """Consumer ``WG`` of the dQ pass: query rows ``row0 + WG·BLOCK ...`` against K/V tiles 0 .. n_iters."""
     STAGES: gl.constexpr = ready.type.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    BOX: gl.constexpr = k_smem.type.shape[1]
+    SLICES: gl.constexpr = k_smem.type.shape[0] // STAGES
+    BLOCK_N: gl.constexpr = SLICES * BOX
     dtype: gl.constexpr = q_smem.dtype
-    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    s_layout: gl.constexpr = mma_layout(BOX)
     g_layout: gl.constexpr = mma_layout(HEAD_DIM)
     a_layout: gl.constexpr = operand_layout(g_layout)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -111,24 +116,32 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
     gl.store(LSE2 + q_row + gl.arange(0, BLOCK, layout=row_s), lse2)
 
     dq = gl.zeros([BLOCK, HEAD_DIM], gl.float32, g_layout)
-    s_init = gl.zeros([BLOCK, BLOCK_N], gl.float32, s_layout)
+    s_init = gl.zeros([BLOCK, BOX], gl.float32, s_layout)
     for j in range(n_iters):
         stage = j % STAGES
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
-        k_tile = k_smem.index(stage)
-        v_tile = v_smem.index(stage)
-        s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok,))
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
-        if CAUSAL:
-            if j * BLOCK_N >= row0:   # the program's last key tiles meet the diagonal of its rows
-                keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
-                p = gl.where(gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1), p, 0.0)
-        dp = warpgroup_mma_wait(0, deps=(dp_tok,))
-        ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), a_layout)
-        dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
-        dq, _, _ = warpgroup_mma_wait(0, deps=(dq_tok, ds_op, k_tile))
+        if SLICES == 2:
+            # the last tile meets the diagonal of these rows; before it every key is kept.  One call for both
+            # cases (see dkdv_consumer)
+            limit = rows + gl.where(j * BLOCK_N >= row0, 0, n_iters * BLOCK_N)
+            dq = dq_pair(q_tile, do_tile, k_smem.index(2 * stage), k_smem.index(2 * stage + 1),
+                         v_smem.index(2 * stage), v_smem.index(2 * stage + 1), dq, lse2, delta, limit,
+                         j * BLOCK_N, qk_scale, CAUSAL)
+        else:
+            k_tile = k_smem.index(stage)
+            v_tile = v_smem.index(stage)
+            s_tok = warpgroup_mma(q_tile, k_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            dp_tok = warpgroup_mma(do_tile, v_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            p = gl.exp2(s * qk_scale - gl.expand_dims(lse2, 1))
+            if CAUSAL:
+                if j * BLOCK_N >= row0:   # the program's last key tiles meet the diagonal of its rows
+                    keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_s)
+                    p = gl.where(gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1), p, 0.0)
+            dp = warpgroup_mma_wait(0, deps=(dp_tok,))
+            ds_op = gl.convert_layout((p * (dp - gl.expand_dims(delta, 1))).to(dtype), a_layout)
+            dq_tok = warpgroup_mma(ds_op, k_tile, dq, is_async=True)
+            dq, _, _ = warpgroup_mma_wait(0, deps=(dq_tok, ds_op, k_tile))
         mbarrier.arrive(empty.index(stage), count=1)
     # dQ leaves through Q's buffer (every product that read it has completed)
     fence_async_shared()
@@ -136,6 +149,39 @@ def dq_consumer(desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, f
     fence_async_shared()
     tma_store(desc_dq, [q_row, 0], q_tile)
     tma.store_wait(0)
+
+
+@gluon.jit
+def dq_pair(q_tile, do_tile, k_a, k_b, v_a, v_b, dq, lse2, delta, limit, first_key, qk_scale, MASKED: gl.constexpr):
+    """Two slices (a, b) of a streamed K/V tile, keys ``first_key ...``, against this warpgroup's query rows, their
+    products interleaved as in ``dkdv_pair``.  With ``MASKED`` row r sees key c only when c <= ``limit[r]``."""
+    BLOCK_N: gl.constexpr = k_a.type.shape[0]
+    BLOCK: gl.constexpr = q_tile.type.shape[0]
+    dtype: gl.constexpr = q_tile.dtype
+    s_layout: gl.constexpr = mma_layout(BLOCK_N)
+    a_layout: gl.constexpr = operand_layout(mma_layout(q_tile.type.shape[1]))
+    offs = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    s_init = gl.zeros([BLOCK, BLOCK_N], gl.float32, s_layout)
+    sa_tok = warpgroup_mma(q_tile, k_a.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    dpa_tok = warpgroup_mma(do_tile, v_a.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    sa = warpgroup_mma_wait(1, deps=(sa_tok,))                     # pending: dPa
+    sb_tok = warpgroup_mma(q_tile, k_b.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    pa = gl.exp2(sa * qk_scale - gl.expand_dims(lse2, 1))
+    if MASKED:
+        pa = gl.where(gl.expand_dims(first_key + offs, 0) <= gl.expand_dims(limit, 1), pa, 0.0)
+    dpa = warpgroup_mma_wait(1, deps=(dpa_tok,))                   # pending: Sb
+    dpb_tok = warpgroup_mma(do_tile, v_b.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    dsa_op = gl.convert_layout((pa * (dpa - gl.expand_dims(delta, 1))).to(dtype), a_layout)
+    dq = warpgroup_mma(dsa_op, k_a, dq, is_async=True)
+    sb = warpgroup_mma_wait(2, deps=(sb_tok,))                     # pending: dPb, dQ(a)
+    pb = gl.exp2(sb * qk_scale - gl.expand_dims(lse2, 1))
+    if MASKED:
+        pb = gl.where(gl.expand_dims(first_key + BLOCK_N + offs, 0) <= gl.expand_dims(limit, 1), pb, 0.0)
+    dpb = warpgroup_mma_wait(1, deps=(dpb_tok,))                   # pending: dQ(a)
+    dsb_op = gl.convert_layout((pb * (dpb - gl.expand_dims(delta, 1))).to(dtype), a_layout)
+    dq = warpgroup_mma(dsb_op, k_b, dq, is_async=True)
+    dq, _, _, _, _ = warpgroup_mma_wait(0, deps=(dq, dsa_op, dsb_op, k_a, k_b))
+    return dq
 
 
 @gluon.jit
@@ -280,9 +326,10 @@ def _allocate(fixed, streamed, STAGES: gl.constexpr, SLICES: gl.constexpr):
 @gluon.jit
 def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, heads, kv_heads,
               sm_scale, qk_scale, BLOCK: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-              CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr):
-    """Grid (query blocks of 2·BLOCK rows, batch · heads); K and V stream past in tiles of ``desc_k``'s rows."""
-    BLOCK_N: gl.constexpr = desc_k.block_type.shape[0]
+              CAUSAL: gl.constexpr, SLICES: gl.constexpr, CONSUMER_REGS: gl.constexpr):
+    """Grid (query blocks of 2·BLOCK rows, batch · heads); K and V stream past in tiles of ``SLICES`` boxes of
+    ``desc_k``'s rows."""
+    BLOCK_N: gl.constexpr = SLICES * desc_k.block_type.shape[0]
     pid_m = gl.program_id(0)
     if CAUSAL:   # the last query blocks see the most keys: start them first
         pid_m = gl.num_programs(0) - 1 - pid_m
@@ -294,7 +341,7 @@ def bwd_dq_ws(desc_q, desc_do, desc_k, desc_v, desc_dq, O, LSE, LSE2, Delta, n, 
         n_iters = (row0 + 2 * BLOCK) // BLOCK_N    # key tiles up to the diagonal
     else:
         n_iters = n // BLOCK_N
-    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, desc_k, STAGES, 1)
+    q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty = _allocate(desc_q, desc_k, STAGES, SLICES)
     gl.warp_specialize([
         (dq_consumer, (desc_dq, O, LSE, LSE2, Delta, q_smem, do_smem, k_smem, v_smem, fixed_bar, ready, empty,
                        q_row, row0, n_iters, sm_scale, qk_scale, BLOCK, HEAD_DIM, CAUSAL, 0)),
@@ -357,7 +404,8 @@ def gluon_backward(q, k, v, o, lse, do, spec):
     # the JIT specializes on the integers and on the alignment of the pointers passed as such
     key = (q.dtype, q.device, N, H, Hkv, D, causal, o.data_ptr() % 16, lse.data_ptr() % 16)
     launch(bwd_dq_ws, (N // (2 * BLOCK), B * H), (blocks["q"], blocks["do"], key_tiles["k"], key_tiles["v"],
-                                                   blocks["dq"], o, lse, lse2, delta, *scalars), meta, key)
+                                                   blocks["dq"], o, lse, lse2, delta, *scalars),
+           dict(meta, SLICES=KEY_SLICES[D]), (*key, KEY_TILE[D], KEY_SLICES[D]))
     launch(bwd_dkdv_ws, (N // (2 * BLOCK), B * Hkv), (blocks["q"], blocks["do"], blocks["k"], blocks["v"],
                                                        blocks["dk"], blocks["dv"], lse2, delta, *scalars),
            dict(meta, SLICES=QUERY_TILE[D] // BLOCK), (*key, QUERY_TILE[D]))
