@@ -47,7 +47,7 @@ BLOCK = 64
 KEY_TILE = {64: 128, 128: 64}
 #: per head dim, KEY_TILE boxes in one streamed K/V tile of the dQ pass: 2 takes them as a pair whose products
 #: interleave (``dq_pair``)
-KEY_SLICES = {64: 1, 128: 1}
+KEY_SLICES = {64: 1, 128: 2}
 #: per head dim, queries of the Q/dO tiles streamed past the dK/dV pass's consumers: a consumer takes a tile of
 #: 128 as two slices of 64 whose products interleave (``dkdv_pair``; at D = 128 that would need 256 registers a
 #: thread)
