@@ -82,49 +82,34 @@ def test_gradients_match_the_float64_reference(head_dim, causal, shape):
         assert_close(g, e, torch.bfloat16, what=f"d{name}")
 
 
-@on_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("query_tile", [64, 128])   # 128: two slices with interleaved products (dkdv_pair)
-def test_both_query_tiles_of_the_dkdv_pass_match_the_float64_reference(head_dim, causal, query_tile, monkeypatch):
-    # the shipped table picks one tile per head dim; the other stays correct for the next measurement
-    from fa_lab.kernels.gluon import bwd
-
-    if head_dim == 128 and query_tile == 128:
-        pytest.skip("interleaved pairs need 256 registers a thread at D = 128")
-    B, H, Hkv, N = 1, 6, 2, 640
-    q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=torch.bfloat16,
-                         seed=stable_seed("query tile", head_dim, causal, query_tile))
-    do = torch.randn_like(q)
-    spec = fa_lab.make_spec(q, k, v, causal=causal)
-    o, lse = gluon_forward(q, k, v, spec)
-    monkeypatch.setitem(bwd.QUERY_TILE, head_dim, query_tile)
-    got = bwd.gluon_backward(q, k, v, o, lse, do, spec)
-    expected = reference_gradients(q, k, v, do, causal)
-    for name, g, e in zip("QKV", got, expected):
-        assert_close(g, e, torch.bfloat16, what=f"d{name} with {query_tile}-query tiles")
+#: the backward's tile tables (bwd.py) set to each tiling its passes can take; the shipped tables pick one per head dim,
+#: the others stay correct for the next measurement.  "pairs": two slices with interleaved products
+TILINGS = {"dQ 64-key": dict(KEY_TILE=64, KEY_SLICES=1), "dQ 64-key pairs": dict(KEY_TILE=64, KEY_SLICES=2),
+           "dQ 128-key": dict(KEY_TILE=128, KEY_SLICES=1), "dKdV 64-query": dict(QUERY_TILE=64),
+           "dKdV 64-query pairs": dict(QUERY_TILE=128)}
 
 
 @on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("key_tile", [(64, 1), (64, 2), (128, 1)], ids=["64", "64-pairs", "128"])
-def test_every_key_tiling_of_the_dq_pass_matches_the_float64_reference(head_dim, causal, key_tile, monkeypatch):
-    # (keys of a box, boxes in a streamed tile): two boxes are a pair with interleaved products (dq_pair)
+@pytest.mark.parametrize("tiling", list(TILINGS))
+def test_every_tiling_of_the_backward_matches_the_float64_reference(head_dim, causal, tiling, monkeypatch):
     from fa_lab.kernels.gluon import bwd
 
+    if head_dim == 128 and tiling == "dKdV 64-query pairs":
+        pytest.skip("dK/dV pairs need 256 registers a thread at D = 128")
     B, H, Hkv, N = 1, 6, 2, 640
     q, k, v = random_qkv(B, H, N, N, head_dim, kv_heads=Hkv, dtype=torch.bfloat16,
-                         seed=stable_seed("key tile", head_dim, causal, key_tile))
+                         seed=stable_seed("tiling", head_dim, causal, tiling))
     do = torch.randn_like(q)
     spec = fa_lab.make_spec(q, k, v, causal=causal)
     o, lse = gluon_forward(q, k, v, spec)
-    monkeypatch.setitem(bwd.KEY_TILE, head_dim, key_tile[0])
-    monkeypatch.setitem(bwd.KEY_SLICES, head_dim, key_tile[1])
+    for table, value in TILINGS[tiling].items():
+        monkeypatch.setitem(getattr(bwd, table), head_dim, value)
     got = bwd.gluon_backward(q, k, v, o, lse, do, spec)
     expected = reference_gradients(q, k, v, do, causal)
     for name, g, e in zip("QKV", got, expected):
-        assert_close(g, e, torch.bfloat16, what=f"d{name} with key tiles {key_tile}")
+        assert_close(g, e, torch.bfloat16, what=f"d{name} with {tiling} tiles")
 
 
 @on_hopper
