@@ -5,7 +5,7 @@
 For the forward at D = 64, 128 and 256 and the backward's two passes at D = 64 and 128, with and without the
 causal mask, prints the shared memory a program takes, the highest register its SASS names, its local-memory
 stores (spills), its Tensor Core instructions (``HGMMA``) and the thread counts of its counted barriers
-(``BAR.SYNC`` with a count); for the dK/dV pass also its streamed query tile.
+(``BAR.SYNC`` with a count).
 ``docs/decisions/gluon-forward.md`` rests on the last: each consumer warpgroup, a partition of its own,
 synchronizes its own 128 threads, never both warpgroups' 256 (which kept them in step).
 ``tests/test_compile_gluon.py`` checks it, so a Triton release that compiles the kernels otherwise is noticed.
@@ -72,8 +72,6 @@ def compile_kernel(kind: str, head_dim: int, causal: bool):
 def describe(kind: str, head_dim: int, causal: bool) -> dict:
     """What the compiled kernel takes and what its SASS says (see the module's docstring)."""
     row = dict(kernel=kind, head_dim=head_dim, causal=causal)
-    if kind == "dkdv":   # its streamed query tile (128: two slices of 64 in one loop body, dkdv_pair)
-        row["query_tile"] = bwd.QUERY_TILE[head_dim]
     try:
         compiled = compile_kernel(kind, head_dim, causal)
     except Exception as exc:   # a release that cannot compile it: say so, as a row

@@ -22,12 +22,12 @@ on_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon forward runs on a H
 SHAPES = [(1, 2, 2, 128), (2, 4, 2, 384), (1, 3, 1, 1024)]
 
 
-
 def reference_gradients(q, k, v, do, causal):
     """dQ, dK, dV of the float64 reference."""
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref_o, _ = reference_attention(q64, k64, v64, fa_lab.make_spec(q64, k64, v64, causal=causal))
     return torch.autograd.grad(ref_o, (q64, k64, v64), do.double())
+
 
 @on_hopper
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
@@ -113,7 +113,7 @@ def test_every_tiling_of_the_backward_matches_the_float64_reference(head_dim, ca
 
 
 @on_hopper
-@pytest.mark.parametrize("head_dim", [64, 128])   # 64: 128-key tiles in the dQ pass, query pairs in the dK/dV pass
+@pytest.mark.parametrize("head_dim", [64, 128])   # the shipped tilings: pairs in the dK/dV pass (64), the dQ pass (128)
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_are_deterministic(head_dim, causal):
     q, k, v = random_qkv(1, 4, 512, 512, head_dim, kv_heads=2, dtype=torch.bfloat16, seed=5, requires_grad=True)
